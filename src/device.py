@@ -1,0 +1,178 @@
+"""Device: picks the array backend (numpy or cupy) and owns RNG, memory tracker and scratch."""
+from . import _env  # noqa: F401  (thread-pool settings before numpy/numba load)
+
+import numpy as np
+
+from .errors import DeviceError
+from .memory import MemoryTracker
+
+_STATES = {}
+
+
+class _State:
+    """What one physical device owns, shared by its autodiff and plain views."""
+
+    def __init__(self, kind, index, xp):
+        self.xp = xp
+        self.memory = MemoryTracker(kind)
+        self.rng = None
+        self.seed_value = None
+        self.scratch_cap = 4 << 20  # bytes of dense scratch the packed kernels may use
+        self.scratch = None
+
+
+def _load_cupy(index):
+    try:
+        import cupy
+    except ImportError as exc:
+        raise DeviceError(
+            "CUDA device requested but cupy is not installed. Install the CUDA extra: "
+            "pip install 'packlora[cuda]' (cupy-cuda12x and numba-cuda[cu12])"
+        ) from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # cupy raises CUDARuntimeError or driver load errors
+        raise DeviceError(
+            f"CUDA device requested but no usable NVIDIA driver/GPU was found ({exc}). "
+            "Use device: cpu, or install the NVIDIA driver and pip install 'packlora[cuda]'"
+        ) from None
+    if index >= count:
+        raise DeviceError(f"cuda:{index} requested but this machine has {count} CUDA device(s)")
+    return cupy
+
+
+def _state(kind, index):
+    key = (kind, index)
+    if key not in _STATES:
+        xp = np if kind == "cpu" else _load_cupy(index)
+        _STATES[key] = _State(kind, index, xp)
+        _STATES[key].rng = _make_rng(xp, None)
+    return _STATES[key]
+
+
+def _make_rng(xp, seed):
+    return xp.random.default_rng(seed)
+
+
+class Device:
+    """A compute device. `Device.cpu()`, `Device.cuda(0)`, `Device.parse("cuda:1")`.
+
+    `dev.autodiff()` is the same device with gradient recording on; `dev.inner()` with it off.
+    """
+
+    def __init__(self, kind="cpu", index=0, autodiff=False):
+        if kind not in ("cpu", "cuda"):
+            raise DeviceError(f"unknown device kind {kind!r}; use 'cpu' or 'cuda[:N]'")
+        self.kind = kind
+        self.index = int(index)
+        self._autodiff = bool(autodiff)
+        self._state = _state(kind, self.index)
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def cpu(cls):
+        return cls("cpu", 0)
+
+    @classmethod
+    def cuda(cls, index=0):
+        return cls("cuda", index)
+
+    @classmethod
+    def parse(cls, spec):
+        """'cpu', 'cuda', 'cuda:1'; an '+autodiff' suffix (as `str` writes it) turns recording on."""
+        if isinstance(spec, Device):
+            return spec
+        text = str(spec).strip().lower()
+        autodiff = text.endswith("+autodiff")
+        text = text.removesuffix("+autodiff")
+        if text == "cpu":
+            dev = cls.cpu()
+        elif text == "cuda" or text.startswith("cuda:"):
+            idx = text.partition(":")[2] or "0"
+            if not idx.isdigit():
+                raise DeviceError(f"bad device {spec!r}: the CUDA index must be a number")
+            dev = cls.cuda(int(idx))
+        else:
+            raise DeviceError(f"bad device {spec!r}; use 'cpu', 'cuda' or 'cuda:N'")
+        return dev.autodiff() if autodiff else dev
+
+    # -- autodiff switch ----------------------------------------------------------------------
+    def autodiff(self):
+        if self._autodiff:
+            raise DeviceError(f"{self} already records gradients; use dev.inner() for the plain device")
+        return Device(self.kind, self.index, True)
+
+    def inner(self):
+        return Device(self.kind, self.index, False)
+
+    def is_autodiff(self):
+        return self._autodiff
+
+    # -- what the device owns -----------------------------------------------------------------
+    @property
+    def xp(self):
+        return self._state.xp
+
+    @property
+    def memory(self):
+        return self._state.memory
+
+    @property
+    def rng(self):
+        return self._state.rng
+
+    def seed(self, n):
+        """Reset the device's random generator; the same seed gives the same numbers."""
+        self._state.seed_value = int(n)
+        self._state.rng = _make_rng(self.xp, int(n))
+
+    def rng_state(self):
+        return self._state.rng.bit_generator.state
+
+    def set_rng_state(self, state):
+        self._state.rng.bit_generator.state = state
+
+    def sync(self):
+        if self.kind == "cuda":
+            self.xp.cuda.Device(self.index).synchronize()
+
+    def is_cuda(self):
+        return self.kind == "cuda"
+
+    @property
+    def scratch_cap(self):
+        return self._state.scratch_cap
+
+    def set_scratch_cap(self, nbytes):
+        """Bytes of dense scratch the packed kernels may hold (reallocated on next use)."""
+        self._state.scratch_cap = int(nbytes)
+        self._state.scratch = None
+
+    def scratch(self, nelem, dtype):
+        """A reused flat buffer of at least `nelem` items, counted under `dense_scratch`."""
+        st = self._state
+        dtype = np.dtype(dtype)
+        need = nelem * dtype.itemsize
+        buf = st.scratch
+        if buf is None or buf.nbytes < need:
+            buf = self.xp.empty(max(need, 1), dtype=np.uint8)
+            st.scratch = self.memory.track(buf, "dense_scratch")
+        return buf[:need].view(dtype)
+
+    # -- identity -----------------------------------------------------------------------------
+    def __eq__(self, other):
+        return (isinstance(other, Device) and self.kind == other.kind
+                and self.index == other.index and self._autodiff == other._autodiff)
+
+    def same_hardware(self, other):
+        return self.kind == other.kind and self.index == other.index
+
+    def __hash__(self):
+        return hash((self.kind, self.index, self._autodiff))
+
+    def __str__(self):
+        base = "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+        return base + ("+autodiff" if self._autodiff else "")
+
+    def __repr__(self):
+        return f"Device({str(self)!r})"

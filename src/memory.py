@@ -1,0 +1,144 @@
+"""Memory tracker: live and peak bytes per category, with an independent process measure."""
+import contextlib
+import tracemalloc
+import weakref
+
+CATEGORIES = (
+    "base_packed", "base_other", "dense_scratch", "adapters", "grads", "optimizer",
+    "activations", "logits", "kv_cache", "workspace",
+)
+
+
+def _owner(array):
+    """The array that owns the memory `array` looks at (views resolve to their base)."""
+    base = array
+    while getattr(base, "base", None) is not None and hasattr(base.base, "nbytes"):
+        base = base.base
+    return base
+
+
+class MemoryTracker:
+    """Counts bytes of arrays by category as they are created and freed.
+
+    Arrays are tracked by the buffer that owns their memory, so views are never counted twice.
+    The independent measure is tracemalloc on the CPU (numpy reports its allocations to it) and
+    cupy's memory pool on a GPU.
+    """
+
+    def __init__(self, kind="cpu"):
+        self.kind = kind
+        self.current = {c: 0 for c in CATEGORIES}
+        self.peak = {c: 0 for c in CATEGORIES}
+        self.total = 0
+        self.total_peak = 0
+        self._live = {}  # id(owner) -> (nbytes, category)
+        self._stack = ["workspace"]
+        self.enabled = True
+
+    # -- categories ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def category(self, name):
+        """Arrays tracked inside the block are counted under `name`."""
+        if name not in self.current:
+            raise ValueError(f"unknown memory category {name!r}; known: {', '.join(CATEGORIES)}")
+        self._stack.append(name)
+        try:
+            yield self
+        finally:
+            self._stack.pop()
+
+    @property
+    def active(self):
+        return self._stack[-1]
+
+    # -- tracking -----------------------------------------------------------------------------
+    def track(self, array, category=None):
+        """Count `array`'s owning buffer under `category` (default: the active one) until freed."""
+        if not self.enabled or array is None:
+            return array
+        owner = _owner(array)
+        key = id(owner)
+        if key in self._live:
+            return array
+        nbytes = int(getattr(owner, "nbytes", 0))
+        if nbytes == 0:
+            return array
+        try:
+            weakref.finalize(owner, self._release, key)
+        except TypeError:  # objects without weakref support (e.g. a memory map's bytes)
+            return array
+        cat = category or self._stack[-1]
+        self._live[key] = (nbytes, cat)
+        self._add(cat, nbytes)
+        return array
+
+    def retag(self, array, category):
+        """Move an already tracked array to another category (e.g. a gradient kept as .grad)."""
+        key = id(_owner(array))
+        entry = self._live.get(key)
+        if entry is None:
+            return self.track(array, category)
+        nbytes, old = entry
+        if old != category:
+            self._add(old, -nbytes)
+            self._live[key] = (nbytes, category)
+            self._add(category, nbytes)
+        return array
+
+    def _add(self, cat, nbytes):
+        cur = self.current[cat] + nbytes
+        self.current[cat] = cur
+        if cur > self.peak[cat]:
+            self.peak[cat] = cur
+        self.total += nbytes
+        if self.total > self.total_peak:
+            self.total_peak = self.total
+
+    def _release(self, key):
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            self._add(entry[1], -entry[0])
+
+    # -- reporting ----------------------------------------------------------------------------
+    def reset_peak(self):
+        """Start a new peak window at the current live bytes (also for the process measure)."""
+        self.peak = dict(self.current)
+        self.total_peak = self.total
+        if self.kind == "cpu" and tracemalloc.is_tracing():
+            tracemalloc.reset_peak()
+
+    def start_process_measure(self):
+        """Turn on the independent measure (tracemalloc on CPU); cheap to call twice."""
+        if self.kind == "cpu" and not tracemalloc.is_tracing():
+            tracemalloc.start()
+
+    def process_measure(self):
+        """(current, peak) bytes from the independent measure, or (None, None) if it is off."""
+        if self.kind == "cpu":
+            if not tracemalloc.is_tracing():
+                return None, None
+            return tracemalloc.get_traced_memory()
+        import cupy  # only reached on a CUDA device, where cupy is present
+        pool = cupy.get_default_memory_pool()
+        return pool.used_bytes(), pool.total_bytes()
+
+    def snapshot(self):
+        """Per-category current and peak bytes, tracked totals and the process measure."""
+        proc_cur, proc_peak = self.process_measure()
+        return {
+            "categories": {c: {"current": self.current[c], "peak": self.peak[c]}
+                           for c in CATEGORIES},
+            "tracked_current": self.total,
+            "tracked_peak": self.total_peak,
+            "process_current": proc_cur,
+            "process_peak": proc_peak,
+            "rss_peak": _rss_peak(),
+        }
+
+
+def _rss_peak():
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except (ImportError, OSError):
+        return None

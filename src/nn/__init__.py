@@ -1,0 +1,1 @@
+"""packlora subpackage."""
