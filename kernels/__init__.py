@@ -1,1 +1,103 @@
-"""packlora subpackage."""
+"""Matmuls with packed quantized weights: y = x @ W.T and dx = dy @ W, without expanding W."""
+import numpy as np
+
+from ..errors import QuantError
+
+DEFAULT_SCRATCH_CAP = 4 << 20  # bytes, the same default as Device.scratch_cap
+
+
+class _ModuleScratch:
+    """The reused dense scratch used when no Device is given (capped like a Device's)."""
+
+    def __init__(self):
+        self.cap = DEFAULT_SCRATCH_CAP
+        self.buf = None
+
+    def get(self, nelem):
+        if self.buf is None or self.buf.size < nelem:
+            self.buf = np.empty(max(nelem, 1), np.float32)
+        return self.buf[:nelem]
+
+
+_SCRATCH = _ModuleScratch()
+
+
+def _is_cuda(w):
+    return w.xp is not np
+
+
+def _scratch_of(device):
+    """(scratch getter, cap in float32 elements) from a Device or the module fallback."""
+    if device is None:
+        return _SCRATCH.get, _SCRATCH.cap // 4
+    return (lambda nelem: device.scratch(nelem, np.float32)), device.scratch_cap // 4
+
+
+def _check(a, name, cols, w):
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if a.ndim != 2 or a.shape[1] != cols:
+        raise QuantError(f"{name} has shape {a.shape}; packed {w.format} weight of shape "
+                         f"{tuple(w.shape)} needs (M, {cols})")
+    return a
+
+
+def _out(out, shape, name):
+    if out is None:
+        return np.empty(shape, np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise QuantError(f"out for {name} must be a C-contiguous float32 array of shape {shape}, "
+                         f"got {out.dtype} {out.shape}")
+    return out
+
+
+def linear_fwd(x, w, device=None, out=None):
+    """y (M, N) float32 = x (M, K) @ W.T for a PackedWeight W of logical shape (N, K)."""
+    if _is_cuda(w):
+        from .cuda import ops as cuda_ops
+        return cuda_ops.linear_fwd(x, w, out=out)
+    from .cpu import ops as cpu_ops
+    N, K = (int(s) for s in w.shape)
+    x = _check(x, "x", K, w)
+    y = _out(out, (x.shape[0], N), "linear_fwd")
+    scratch, cap = _scratch_of(device)
+    return cpu_ops.linear_fwd(x, w, y, scratch, cap)
+
+
+def linear_bwd(dy, w, device=None, out=None):
+    """dx (M, K) float32 = dy (M, N) @ W for a PackedWeight W of logical shape (N, K)."""
+    if _is_cuda(w):
+        from .cuda import ops as cuda_ops
+        return cuda_ops.linear_bwd(dy, w, out=out)
+    from .cpu import ops as cpu_ops
+    N, K = (int(s) for s in w.shape)
+    dy = _check(dy, "dy", N, w)
+    dx = _out(out, (dy.shape[0], K), "linear_bwd")
+    scratch, cap = _scratch_of(device)
+    return cpu_ops.linear_bwd(dy, w, dx, scratch, cap)
+
+
+def dequantize_rows(w, n0, n1, out):
+    """Decode rows [n0, n1) of W (N, K) into out, a float32 (n1 - n0, K) buffer; returns out."""
+    N, K = (int(s) for s in w.shape)
+    if not 0 <= n0 <= n1 <= N:
+        raise QuantError(f"rows [{n0}, {n1}) out of range for packed weight of shape {(N, K)}")
+    if out.shape != (n1 - n0, K) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise QuantError(f"dequantize_rows out must be C-contiguous float32 ({n1 - n0}, {K}), "
+                         f"got {out.dtype} {out.shape}")
+    if _is_cuda(w):
+        return _cuda_rows(w, n0, n1, out)
+    from .cpu import ops as cpu_ops
+    return cpu_ops.dequantize_rows(w, n0, n1, out)
+
+
+def _cuda_rows(w, n0, n1, out):
+    """Rows of a GPU weight: the CUDA kernels' own decoder, else dy = one-hot rows through bwd."""
+    from .cuda import ops as cuda_ops
+    if hasattr(cuda_ops, "dequantize_rows"):
+        return cuda_ops.dequantize_rows(w, n0, n1, out)
+    onehot = w.xp.zeros((n1 - n0, int(w.shape[0])), dtype=np.float32)  # exact: 1*w + 0*rest
+    onehot[w.xp.arange(n1 - n0), w.xp.arange(n0, n1)] = 1.0
+    return cuda_ops.linear_bwd(onehot, w, out=out)
+
+
+__all__ = ["linear_fwd", "linear_bwd", "dequantize_rows", "DEFAULT_SCRATCH_CAP"]

@@ -1,0 +1,87 @@
+"""Fused small-batch kernels: decode a few rows of W into a local buffer and multiply at once."""
+import numpy as np
+from numba import njit, prange
+
+from .decode import decode_span
+
+RB = 4  # rows of W decoded together; each x row is loaded once per RB dot products
+
+
+@njit(fastmath=True, cache=True)
+def _dot_rows(x, m, buf, K, rows, y, n0):
+    """y[m, n0:n0+rows] = buf[:rows] . x[m], four rows at a time."""
+    if rows == 4:
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        for k in range(K):
+            xv = x[m, k]
+            a0 += xv * buf[k]
+            a1 += xv * buf[K + k]
+            a2 += xv * buf[2 * K + k]
+            a3 += xv * buf[3 * K + k]
+        y[m, n0] = a0
+        y[m, n0 + 1] = a1
+        y[m, n0 + 2] = a2
+        y[m, n0 + 3] = a3
+    else:
+        for r in range(rows):
+            acc = np.float32(0.0)
+            for k in range(K):
+                acc += x[m, k] * buf[r * K + k]
+            y[m, n0 + r] = acc
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def fused_fwd(x, pk, N, tasks, y):
+    """y (M, N) = x (M, K) @ W.T; `tasks` chunks of W's rows, each row decoded once."""
+    M, K = x.shape
+    groups = (N + RB - 1) // RB
+    chunks = min(groups, tasks)
+    for c in prange(chunks):
+        buf = np.empty(RB * K, np.float32)
+        for g in range(c * groups // chunks, (c + 1) * groups // chunks):
+            n0 = g * RB
+            rows = min(RB, N - n0)
+            for r in range(rows):
+                decode_span(pk, n0 + r, 0, K, buf, r * K)
+            for m in range(M):
+                _dot_rows(x, m, buf, K, rows, y, n0)
+
+
+@njit(fastmath=True, cache=True)
+def _axpy_rows(dy, m, n0, rows, buf, kc, acc):
+    """acc[m] += sum_r dy[m, n0 + r] * buf[r]."""
+    if rows == 4:
+        d0 = dy[m, n0]
+        d1 = dy[m, n0 + 1]
+        d2 = dy[m, n0 + 2]
+        d3 = dy[m, n0 + 3]
+        for k in range(kc):
+            acc[m, k] += d0 * buf[k] + d1 * buf[kc + k] + d2 * buf[2 * kc + k] + d3 * buf[3 * kc + k]
+    else:
+        for r in range(rows):
+            d = dy[m, n0 + r]
+            for k in range(kc):
+                acc[m, k] += d * buf[r * kc + k]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def fused_bwd(dy, pk, K, kc, dx):
+    """dx (M, K) = dy (M, N) @ W; threads split the columns of W in chunks of kc."""
+    M, N = dy.shape
+    chunks = (K + kc - 1) // kc
+    for c in prange(chunks):
+        k0 = c * kc
+        k1 = min(K, k0 + kc)
+        w = k1 - k0
+        buf = np.empty(RB * w, np.float32)
+        acc = np.zeros((M, w), np.float32)
+        for n0 in range(0, N, RB):
+            rows = min(RB, N - n0)
+            for r in range(rows):
+                decode_span(pk, n0 + r, k0, k1, buf, r * w)
+            for m in range(M):
+                _axpy_rows(dy, m, n0, rows, buf, w, acc)
+        dx[:, k0:k1] = acc

@@ -1,0 +1,109 @@
+"""CPU entry points for packed-weight matmuls: argument packing and fused/tiled dispatch."""
+import numpy as np
+from numba import get_num_threads
+
+from ...errors import QuantError
+from .decode import BNB4, INT8, Q4_0, Q4_1, Q8_0, decode_tile_par
+from .fused import fused_bwd, fused_fwd
+from .tiled import tiled_bwd, tiled_fwd
+
+# Batches up to this many rows use the fused kernels; larger ones decode tiles for BLAS.
+# Measured with bench/kernels.py on a 2-core Zen 3 (see the report in the bench's docstring).
+FUSED_MAX_M = 16
+
+_FAMILY = {"nf4": BNB4, "fp4": BNB4, "int8": INT8, "q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0}
+_U8 = np.zeros(1, np.uint8)
+_I8 = np.zeros(1, np.int8)
+_F32 = np.zeros(1, np.float32)
+_PAIR0 = np.zeros((256, 2), np.float32)
+_PAIRS = {}
+
+
+def _pair_table(fmt):
+    """(256, 2) float32: codebook values of a byte's high and low nibble."""
+    if fmt not in _PAIRS:
+        from ...quant import FP4_CODE, NF4_CODE
+        code = np.asarray(NF4_CODE if fmt == "nf4" else FP4_CODE, dtype=np.float32)
+        byte = np.arange(256)
+        _PAIRS[fmt] = np.ascontiguousarray(np.stack([code[byte >> 4], code[byte & 15]], axis=1))
+    return _PAIRS[fmt]
+
+
+def _buf(w, name, dtype):
+    if name not in w.buffers:
+        raise QuantError(f"packed {w.format} weight of shape {w.shape} has no buffer {name!r}")
+    arr = w.buffers[name]
+    if arr.dtype != dtype:
+        raise QuantError(f"packed {w.format} buffer {name!r} is {arr.dtype}, expected {np.dtype(dtype)}")
+    return np.ascontiguousarray(arr).reshape(-1)
+
+
+def pack_args(w):
+    """The tuple `pk` the Numba kernels read (see decode.py for its fields)."""
+    fam = _FAMILY.get(w.format)
+    if fam is None:
+        raise QuantError(f"unknown packed format {w.format!r}; known: {', '.join(_FAMILY)}")
+    if len(w.shape) != 2:
+        raise QuantError(f"packed {w.format} weight has shape {w.shape}; the kernels need 2-D (N, K)")
+    K = int(w.shape[1])
+    dq = bool(getattr(w, "double_quant", False)) and fam == BNB4
+    u8, i8, f32, pair = _U8, _I8, _F32, _PAIR0
+    aq, acode, ascale, aoff = _U8, _F32, _F32, _F32
+    if fam == BNB4:
+        u8, pair = _buf(w, "codes", np.uint8), _pair_table(w.format)
+    elif fam == INT8:
+        i8 = _buf(w, "codes", np.int8)
+    else:
+        if K % 32:
+            raise QuantError(f"{w.format} weight of shape {w.shape}: K must be a multiple of 32")
+        u8 = _buf(w, "blocks", np.uint8)
+        i8 = u8.view(np.int8)
+    if dq:
+        aq, acode = _buf(w, "absmax_q", np.uint8), _buf(w, "absmax_code", np.float32)
+        ascale, aoff = _buf(w, "absmax_scale", np.float32), _buf(w, "absmax_offset", np.float32)
+    elif fam <= INT8:
+        f32 = _buf(w, "absmax", np.float32)
+    bs = int(w.block_size) if fam <= INT8 else 32
+    return (fam, bs, dq, K, u8, i8, f32, aq, acode, ascale, aoff, pair)
+
+
+def _align(pk):
+    return 32 if pk[0] >= Q4_0 else 1
+
+
+def _bwd_chunk(pk, K):
+    """Columns per thread task in the fused backward: a few tasks per thread, ≤ 512 wide."""
+    want = -(-K // (4 * get_num_threads()))
+    kc = min(512, max(32, -(-want // 32) * 32))
+    return kc if pk[0] >= Q4_0 or kc < K else K
+
+
+def linear_fwd(x, w, out, scratch, cap_elems):
+    """out (M, N) = x (M, K) @ W.T for a numpy PackedWeight."""
+    pk = pack_args(w)
+    N = int(w.shape[0])
+    if x.shape[0] == 0:
+        return out
+    if x.shape[0] <= FUSED_MAX_M:
+        fused_fwd(x, pk, N, 4 * get_num_threads(), out)
+        return out
+    return tiled_fwd(x, pk, N, out, scratch, cap_elems, _align(pk))
+
+
+def linear_bwd(dy, w, out, scratch, cap_elems):
+    """out (M, K) = dy (M, N) @ W for a numpy PackedWeight."""
+    pk = pack_args(w)
+    K = int(w.shape[1])
+    if dy.shape[0] == 0:
+        return out
+    if dy.shape[0] <= FUSED_MAX_M:
+        fused_bwd(dy, pk, K, _bwd_chunk(pk, K), out)
+        return out
+    return tiled_bwd(dy, pk, K, out, scratch, cap_elems, _align(pk))
+
+
+def dequantize_rows(w, n0, n1, out):
+    """Rows [n0, n1) of W into out, a float32 (n1 - n0, K) C-contiguous array."""
+    pk = pack_args(w)
+    decode_tile_par(pk, n0, n1, 0, pk[3], out.reshape(-1))
+    return out

@@ -1,0 +1,118 @@
+"""CUDA device functions that decode one element of a packed weight (every format)."""
+
+import math
+
+from numba import cuda, float32, int32
+
+# Format ids passed to the kernels (see FORMAT_IDS in ops.py).
+NF4 = 0
+FP4 = 1
+INT8 = 2
+Q4_0 = 3
+Q4_1 = 4
+Q8_0 = 5
+
+
+@cuda.jit(device=True, inline=True, cache=True)
+def pow2(e):
+    """2**e as an exact float32 for -30 <= e <= 30."""
+    if e >= 0:
+        return float32(int32(1) << e)
+    return float32(1.0) / float32(int32(1) << (-e))
+
+
+@cuda.jit(device=True, cache=True)
+def half_to_float(lo, hi):
+    """IEEE fp16 (little-endian bytes lo, hi) -> float32, by bit arithmetic."""
+    h = int32(lo) | (int32(hi) << 8)
+    exp = (h >> 10) & 31
+    mant = h & 1023
+    if exp == 0:
+        val = float32(mant) * pow2(-24)
+    elif exp == 31:
+        val = float32(math.inf) if mant == 0 else float32(math.nan)
+    else:
+        val = float32(1024 + mant) * pow2(exp - 25)
+    if h & 0x8000:
+        return -val
+    return val
+
+
+@cuda.jit(device=True, inline=True, cache=True)
+def signed_byte(v):
+    """uint8 -> the int8 with the same bits, as int32."""
+    s = int32(v)
+    if s >= 128:
+        s -= 256
+    return s
+
+
+@cuda.jit(device=True, cache=True)
+def block_scale(b, fmt, dq, absmax, amq, amcode, amscale, amoff):
+    """Scale of flat block b: int8 absmax/127, nf4/fp4 absmax (plain or double-quantized)."""
+    if fmt == INT8:
+        return absmax[b] / float32(127.0)
+    if dq:
+        return amcode[amq[b]] * amscale[b >> 8] + amoff[0]
+    return absmax[b]
+
+
+@cuda.jit(device=True, cache=True)
+def decode_run_flat(dst, r, c, dr, dc, cnt, i, fmt, bs, dq, q, absmax, amq, amcode, amscale,
+                    amoff, codebook):
+    """nf4 / fp4 / int8: dst[r + t*dr, c + t*dc] = value(flat element i + t), t < cnt."""
+    b = i // bs
+    nxt = (b + 1) * bs
+    scale = block_scale(b, fmt, dq, absmax, amq, amcode, amscale, amoff)
+    for t in range(cnt):
+        ii = i + t
+        if ii == nxt:
+            b += 1
+            nxt += bs
+            scale = block_scale(b, fmt, dq, absmax, amq, amcode, amscale, amoff)
+        if fmt == INT8:
+            v = float32(signed_byte(q[ii])) * scale
+        else:
+            byte = int32(q[ii >> 1])
+            code = (byte >> 4) if (ii & 1) == 0 else (byte & 15)
+            v = codebook[code] * scale
+        dst[r + t * dr, c + t * dc] = v
+
+
+@cuda.jit(device=True, cache=True)
+def decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
+    """q4_0 / q4_1 / q8_0: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
+    bpb = 34 if fmt == Q8_0 else (18 if fmt == Q4_0 else 20)
+    row = n * (kdim >> 5) * bpb
+    d = float32(0.0)
+    m = float32(0.0)
+    base = 0
+    for t in range(cnt):
+        kk = k + t
+        j = kk & 31
+        if t == 0 or j == 0:
+            base = row + (kk >> 5) * bpb
+            d = half_to_float(q[base], q[base + 1])
+            if fmt == Q4_1:
+                m = half_to_float(q[base + 2], q[base + 3])
+        if fmt == Q8_0:
+            v = float32(signed_byte(q[base + 2 + j])) * d
+        else:
+            qs = base + bpb - 16
+            if j < 16:
+                v = float32(int32(q[qs + j]) & 15)
+            else:
+                v = float32(int32(q[qs + j - 16]) >> 4)
+            v = (v - float32(8.0)) * d if fmt == Q4_0 else v * d + m
+        dst[r + t * dr, c + t * dc] = v
+
+
+@cuda.jit(device=True, cache=True)
+def decode_run(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale,
+               amoff, codebook):
+    """dst[r + t*dr, c + t*dc] = W[n, k + t] for t < cnt, any format (W is (N, kdim))."""
+    if fmt >= Q4_0:
+        decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q)
+    else:
+        decode_run_flat(dst, r, c, dr, dc, cnt, n * kdim + k, fmt, bs, dq, q, absmax, amq,
+                        amcode, amscale, amoff, codebook)

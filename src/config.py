@@ -1,0 +1,434 @@
+"""Run configuration: YAML sections validated by pydantic models, with readable errors."""
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      field_validator, model_validator)
+
+from .errors import ConfigError
+
+GGUF_FORMATS = ("q4_0", "q4_1", "q8_0")
+GGUF_BLOCK = 32
+
+
+def _to_float(value: Any) -> Any:
+    """Numbers stay, numeric strings (PyYAML reads `1e-5` as one) become floats."""
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            raise ValueError(f"expected a number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {value!r}")
+    return value
+
+
+def _to_int(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+Num = Annotated[float, BeforeValidator(_to_float)]
+Int = Annotated[int, BeforeValidator(_to_int)]
+
+
+class _Section(BaseModel):
+    """Base of every section: unknown keys are errors, inf/nan are rejected."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True)
+
+
+class QuantConfig(_Section):
+    """How base weights are stored: a packed format and its block size."""
+
+    format: Literal["nf4", "fp4", "int8", "q4_0", "q4_1", "q8_0", "none"] = "nf4"
+    block_size: Int = Field(64, ge=16, le=4096)
+    double_quant: bool = True
+
+    @model_validator(mode="after")
+    def _gguf_block(self) -> "QuantConfig":
+        if self.format in GGUF_FORMATS:
+            if "block_size" in self.model_fields_set and self.block_size != GGUF_BLOCK:
+                raise ValueError(f"block_size: {self.format} uses blocks of {GGUF_BLOCK}, "
+                                 f"got {self.block_size}")
+            self.block_size = GGUF_BLOCK
+        elif self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size: must be a power of two, got {self.block_size}")
+        return self
+
+
+class LoraConfig(_Section):
+    """Which modules get an adapter, with what rank, scaling and initialisation."""
+
+    rank: Int = Field(16, ge=1)
+    alpha: Num = Field(32.0, gt=0)
+    dropout: Num = Field(0.0, ge=0.0, lt=1.0)
+    targets: Union[list[str], str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    layers: Optional[list[Int]] = None
+    rank_pattern: dict[str, Int] = {}
+    alpha_pattern: dict[str, Num] = {}
+    use_rslora: bool = False
+    use_dora: bool = False
+    init: Literal["kaiming", "gaussian", "loftq"] = "kaiming"
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _check_targets(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("expected module-name suffixes, 'all-linear' or a regex, got ''")
+            if value != "all-linear":
+                _compile(value)
+            return value
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v
+                                                               for v in value):
+            return list(value)
+        raise ValueError("expected a non-empty list of module-name suffixes, 'all-linear' or a "
+                         f"regex string, got {value!r}")
+
+    @field_validator("layers")
+    @classmethod
+    def _check_layers(cls, value: Optional[list[int]]) -> Optional[list[int]]:
+        if value is None:
+            return None
+        if not value or min(value) < 0 or len(set(value)) != len(value):
+            raise ValueError(f"expected null or distinct layer indices >= 0, got {value!r}")
+        return sorted(value)
+
+    @field_validator("rank_pattern", "alpha_pattern")
+    @classmethod
+    def _check_patterns(cls, value: dict) -> dict:
+        for key, v in value.items():
+            _compile(key)
+            if v <= 0:
+                raise ValueError(f"{key}: must be > 0, got {v}")
+        return value
+
+    def scaling(self, rank: Optional[int] = None, alpha: Optional[float] = None) -> float:
+        """The adapter output scale: alpha/r, or alpha/sqrt(r) with rsLoRA."""
+        r = self.rank if rank is None else rank
+        a = self.alpha if alpha is None else alpha
+        return a / (r ** 0.5) if self.use_rslora else a / r
+
+
+class DataConfig(_Section):
+    """Where the training text comes from and how it becomes token rows."""
+
+    train: str = Field(min_length=1)
+    valid: Optional[str] = None
+    val_size: Union[int, float] = 0
+    format: Literal["auto", "text", "completion", "alpaca", "chat"] = "auto"
+    max_seq_len: Int = Field(512, ge=2)
+    train_on_inputs: bool = False
+    packing: bool = False
+    shuffle: bool = True
+
+    @field_validator("val_size", mode="before")
+    @classmethod
+    def _check_val_size(cls, value: Any) -> Any:
+        value = _to_float(value)
+        if value < 0 or (value >= 1 and not float(value).is_integer()):
+            raise ValueError(f"expected a count >= 0 or a fraction in [0, 1), got {value}")
+        return int(value) if value >= 1 or value == 0 else float(value)
+
+    @model_validator(mode="after")
+    def _one_validation_source(self) -> "DataConfig":
+        if self.valid is not None and self.val_size:
+            raise ValueError("set either valid (a file) or val_size (a split), not both")
+        return self
+
+
+class TrainConfig(_Section):
+    """Optimiser, schedule, length of the run, evaluation and checkpoint cadence."""
+
+    max_steps: Optional[Int] = Field(200, ge=1)
+    epochs: Optional[Int] = Field(None, ge=1)
+    batch_size: Int = Field(4, ge=1)
+    grad_accum: Int = Field(1, ge=1)
+    lr: Num = Field(2.0e-4, gt=0)
+    schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    warmup_steps: Int = Field(10, ge=0)
+    warmup_ratio: Optional[Num] = Field(None, ge=0.0, lt=1.0)
+    weight_decay: Num = Field(0.0, ge=0.0)
+    betas: tuple[Num, Num] = (0.9, 0.999)
+    eps: Num = Field(1.0e-8, gt=0)
+    max_grad_norm: Optional[Num] = Field(1.0, gt=0)
+    grad_checkpointing: bool = False
+    eval_every: Int = Field(50, ge=0)
+    save_every: Int = Field(50, ge=0)
+    keep_last: Optional[Int] = Field(2, ge=1)
+    log_every: Int = Field(1, ge=1)
+    seed: Int = Field(0, ge=0)
+    loss_chunk: Int = Field(256, ge=1)
+
+    @field_validator("betas")
+    @classmethod
+    def _check_betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"each beta must be in [0, 1), got {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _length_and_warmup(self) -> "TrainConfig":
+        given = self.model_fields_set
+        if self.epochs is not None and "max_steps" not in given:
+            self.max_steps = None  # epochs given alone replaces the default step count
+        if (self.max_steps is None) == (self.epochs is None):
+            raise ValueError("set exactly one of max_steps and epochs "
+                             f"(got max_steps={self.max_steps}, epochs={self.epochs})")
+        if self.warmup_ratio is not None:
+            if "warmup_steps" not in given:
+                self.warmup_steps = 0
+            elif self.warmup_steps:
+                raise ValueError("set either warmup_steps or warmup_ratio, not both")
+        return self
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """Optimizer steps in the run, given how many steps one epoch takes."""
+        return self.max_steps if self.max_steps is not None else self.epochs * steps_per_epoch
+
+    def warmup(self, total_steps: int) -> int:
+        """Warmup length in steps (from warmup_ratio when set)."""
+        if self.warmup_ratio is not None:
+            return int(round(self.warmup_ratio * total_steps))
+        return self.warmup_steps
+
+
+class RunConfig(_Section):
+    """A whole run: model, device, quantization, adapter, data, training, output."""
+
+    model: str = Field(min_length=1)
+    device: str = "cpu"
+    quant: QuantConfig = Field(default_factory=QuantConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    data: DataConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    resume: Optional[str] = None
+    overwrite: bool = False
+    output_dir: str = Field("runs/run", min_length=1)
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", value):
+            raise ValueError(f"expected 'cpu', 'cuda' or 'cuda:N', got {value!r}")
+        return value
+
+    @field_validator("resume")
+    @classmethod
+    def _check_resume(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value:
+            raise ValueError("expected null, 'auto' or a checkpoint path, got ''")
+        return value
+
+    def to_yaml(self, path: Union[str, Path, None] = None) -> str:
+        """The resolved config as YAML text; also written to `path` when given."""
+        import yaml
+        text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False,
+                              default_flow_style=None)
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+
+def _compile(pattern: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------- errors
+
+def _loc_text(loc: tuple) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _section_model(ann: Any) -> Optional[type]:
+    """The pydantic section class inside an annotation (unwrapping Optional), or None."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in get_args(ann):
+        found = _section_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(root: type, path: tuple) -> Optional[type]:
+    cls = root
+    for part in path:
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        cls = _section_model(field.annotation) if field is not None else None
+        if cls is None:
+            return None
+    return cls
+
+
+def _suggest(word: str, options) -> str:
+    close = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.5)
+    return f", did you mean '{close[0]}'?" if close else ""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_TYPE_WORDS = {
+    "float_parsing": "a number", "float_type": "a number", "finite_number": "a finite number",
+    "int_parsing": "an integer", "int_type": "an integer", "int_from_float": "an integer",
+    "bool_parsing": "true or false", "bool_type": "true or false", "string_type": "a string",
+    "list_type": "a list", "tuple_type": "a list", "dict_type": "a mapping",
+    "model_type": "a mapping", "model_attributes_type": "a mapping",
+}
+
+
+def _describe(err: dict, root: type) -> str:
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        section = _model_at(root, err["loc"][:-1])
+        options = section.model_fields if section is not None else ()
+        return "unknown key" + _suggest(err["loc"][-1], options)
+    if kind == "missing":
+        return "missing required key"
+    if kind in _TYPE_WORDS:
+        return f"expected {_TYPE_WORDS[kind]}, got {_short(value)}"
+    if kind == "literal_error":
+        options = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        return (f"expected one of {', '.join(options)}, got {_short(value)}"
+                + _suggest(value, options))
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    msg = err["msg"].replace("Input should be", "must be").replace("Input", "value")
+    return f"{msg}, got {_short(value)}"
+
+
+def _format_errors(exc: ValidationError, root: type, source: str, origins: dict) -> str:
+    """One line per problem: `source: key.path: what is wrong`."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        where = source
+        for path, override in origins.items():
+            if loc[:len(path)] == path:
+                where = f"{source}: override '{override}'"
+        key = _loc_text(loc)
+        line = f"{where}: {key}: {_describe(err, root)}" if key else \
+            f"{where}: {_describe(err, root)}"
+        if line not in lines:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- YAML + overrides
+
+def _yaml():
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        """SafeLoader that rejects duplicate keys instead of keeping the last one."""
+
+    def construct_mapping(loader, node, deep=False):
+        loader.flatten_mapping(node)
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                                 construct_mapping)
+    return yaml, StrictLoader
+
+
+def read_yaml(path: Union[str, Path]) -> dict:
+    """Parse a YAML mapping; malformed YAML raises ConfigError naming file:line:column."""
+    yaml, loader = _yaml()
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: malformed YAML: {problem}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: malformed YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _check_override_key(parts: list, text: str, source: str) -> None:
+    """Reject an override whose key path is not in the schema (with a suggestion)."""
+    cls = RunConfig
+    for i, part in enumerate(parts):
+        key = ".".join(parts[:i + 1])
+        if part not in cls.model_fields:
+            raise ConfigError(f"{source}: override '{text}': {key}: unknown key"
+                              + _suggest(part, cls.model_fields))
+        ann = cls.model_fields[part].annotation
+        cls = _section_model(ann)
+        if cls is None:
+            if i + 1 < len(parts) and get_origin(ann) is not dict:
+                raise ConfigError(f"{source}: override '{text}': {key} is a value, not a "
+                                  f"section; cannot set {'.'.join(parts[i + 1:])}")
+            return
+
+
+def apply_overrides(data: dict, overrides, source: str) -> tuple[dict, dict]:
+    """A copy of `data` with `key.path=value` overrides set, and {loc: override} for errors."""
+    yaml, loader = _yaml()
+    merged, origins = copy.deepcopy(data), {}
+    for text in overrides:
+        key, sep, raw = str(text).partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise ConfigError(f"{source}: bad override '{text}': expected key.path=value")
+        _check_override_key(parts, text, source)
+        try:
+            value = yaml.load(raw, Loader=loader)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: bad override '{text}': cannot parse value: "
+                              f"{getattr(exc, 'problem', exc)}") from None
+        node = merged
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+        origins[tuple(parts)] = text
+    return merged, origins
+
+
+def parse_config(data: dict, overrides=(), source: str = "<dict>") -> RunConfig:
+    """Validate a config dict (after applying `key.path=value` overrides) into a RunConfig."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
+    merged, origins = apply_overrides(data, overrides, source)
+    try:
+        return RunConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, RunConfig, source, origins)) from None
+
+
+def load_config(path: Union[str, Path], overrides=()) -> RunConfig:
+    """Read a YAML run config, apply overrides (which win over the file) and validate it."""
+    return parse_config(read_yaml(path), overrides, source=str(path))

@@ -1,0 +1,39 @@
+"""Turning a checked record into token ids with a loss mask, then into an Example."""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import DataError
+from .example import Example, from_token_mask
+
+
+def tokens_and_mask(item: tuple, tokenizer, train_on_inputs: bool) -> tuple[list, list]:
+    """(ids, in_loss) for a normalized record; prompts are masked unless train_on_inputs."""
+    eos = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    kind = item[0]
+    if kind == "text":
+        ids = list(tokenizer.encode(item[1], add_special_tokens=False)) + eos
+        return ids, [True] * len(ids)
+    if kind == "completion":
+        prompt = list(tokenizer.encode(item[1], add_special_tokens=False))
+        answer = list(tokenizer.encode(item[2], add_special_tokens=False)) + eos
+        return prompt + answer, [train_on_inputs] * len(prompt) + [True] * len(answer)
+    ids, is_response = tokenizer.chat_token_masks(item[1])
+    ids, is_response = list(ids), [bool(r) for r in is_response]
+    if len(ids) != len(is_response):
+        raise DataError(f"tokenizer returned {len(ids)} ids but {len(is_response)} mask entries")
+    return ids, ([True] * len(ids) if train_on_inputs else is_response)
+
+
+def make_example(item: tuple, tokenizer, train_on_inputs: bool, max_seq_len: int,
+                 where: str) -> tuple[Optional[Example], bool]:
+    """(example or None when nothing is left to learn, was_truncated).
+
+    Rows hold at most `max_seq_len` positions, so a sequence keeps `max_seq_len + 1` tokens.
+    """
+    ids, in_loss = tokens_and_mask(item, tokenizer, train_on_inputs)
+    truncated = len(ids) > max_seq_len + 1
+    ids, in_loss = ids[:max_seq_len + 1], in_loss[:max_seq_len + 1]
+    if len(ids) < 2 or not any(in_loss[1:]):
+        return None, truncated
+    return from_token_mask(ids, in_loss, origin=where), truncated

@@ -1,0 +1,81 @@
+"""Activations: silu, fused silu(gate)*up (SwiGLU), softmax, dropout, embedding gather."""
+import numpy as np
+
+from ..autodiff import Function
+
+
+def _sigmoid(xp, x):
+    return 1.0 / (1.0 + xp.exp(-x))
+
+
+class Silu(Function):
+    def forward(self, x):
+        self.save(x)
+        return x * _sigmoid(self.xp, x)
+
+    def backward(self, g):
+        (x,) = self.saved
+        s = _sigmoid(self.xp, x)
+        return (g * s * (1 + x * (1 - s)),)
+
+
+class SwiGLU(Function):
+    """silu(gate) * up in one node: the MLP's elementwise core."""
+
+    def forward(self, gate, up):
+        s = _sigmoid(self.xp, gate)
+        act = gate * s
+        self.save(gate, up)
+        return act * up
+
+    def backward(self, g):
+        gate, up = self.saved
+        s = _sigmoid(self.xp, gate)
+        act = gate * s
+        dgate = g * up * (s * (1 + gate * (1 - s))) if self.needs[0] else None
+        dup = g * act if self.needs[1] else None
+        return dgate, dup
+
+
+class Softmax(Function):
+    def forward(self, x, axis=-1):
+        self.axis = axis
+        z = x - x.max(axis=axis, keepdims=True)
+        e = self.xp.exp(z)
+        out = e / e.sum(axis=axis, keepdims=True)
+        self.save(out)
+        return out
+
+    def backward(self, g):
+        (out,) = self.saved
+        return (out * (g - (g * out).sum(axis=self.axis, keepdims=True)),)
+
+
+class Dropout(Function):
+    """Zero each element with probability p (mask from the device generator), scale by 1/(1-p)."""
+
+    def forward(self, x, p):
+        keep = self.device.rng.random(x.shape, dtype=np.float32) >= p
+        scale = x.dtype.type(1.0 / (1.0 - p))
+        self.save(keep)
+        self.scale = scale
+        return x * keep * scale
+
+    def backward(self, g):
+        (keep,) = self.saved
+        return (g * keep * self.scale, None)
+
+
+class Embedding(Function):
+    """weight[ids]: gather rows; the gradient scatter-adds into the rows that were used."""
+
+    def forward(self, weight, ids):
+        self.ids = ids
+        self.wshape = weight.shape
+        return weight[ids]
+
+    def backward(self, g):
+        xp = self.xp
+        out = xp.zeros(self.wshape, dtype=g.dtype)
+        xp.add.at(out, self.ids.reshape(-1), g.reshape(-1, self.wshape[1]))
+        return (out, None)

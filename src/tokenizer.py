@@ -1,0 +1,294 @@
+"""Tokenizer (via the `tokenizers` library) and chat template rendering with response masks."""
+from __future__ import annotations
+
+import json
+import warnings
+from datetime import datetime
+from pathlib import Path
+
+from .errors import DataError, ModelError
+
+_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+              r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+             r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp (llama-vocab.cpp) pre-tokenizer regexes, applied one after the other, by `pre` name.
+PRE_TOKENIZER_REGEXES = {
+    "smollm": [r"\p{N}", _GPT2_RE], "starcoder": [r"\p{N}", _GPT2_RE],
+    "refact": [r"\p{N}", _GPT2_RE], "gpt2": [_GPT2_RE], "gpt-2": [_GPT2_RE],
+    "llama3": [_LLAMA3_RE], "llama-v3": [_LLAMA3_RE], "llama-bpe": [_LLAMA3_RE],
+    "qwen2": [_QWEN2_RE], "deepseek-r1-qwen": [_QWEN2_RE],
+}
+_IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe")  # llama.cpp looks whole words up first
+# End-of-turn tokens that stop generation when the chat template uses them.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>",
+                      "<end_of_turn>", "<|end|>", "<|eom_id|>")
+_TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+class Tokenizer:
+    """Text <-> token ids, special tokens, and the model's chat template."""
+
+    def __init__(self, backend, *, bos_token=None, eos_token=None, pad_token=None,
+                 add_bos_token=False, chat_template=None, source="tokenizer"):
+        self._tok = backend  # tokenizers.Tokenizer
+        self.source = source
+        self.add_bos_token = bool(add_bos_token)
+        self.chat_template = chat_template
+        self.has_chat_template = chat_template is not None
+        self.bos_token_id = self._id_or_none(bos_token)
+        self.eos_token_id = self._id_or_none(eos_token)
+        if self.eos_token_id is None:
+            self.eos_token_id = next((self.token_to_id(t) for t in END_OF_TURN_TOKENS
+                                      if self.token_to_id(t) is not None), None)
+        if self.eos_token_id is None:
+            raise ModelError(f"{source}: the tokenizer has no end-of-sequence token")
+        pad = self._id_or_none(pad_token)
+        self.pad_token_id = self.eos_token_id if pad is None else pad
+        self.eos_token_ids = {self.eos_token_id} | self._template_end_ids()
+        self._compiled = None
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path, tokenizer_config: dict | None = None) -> "Tokenizer":
+        """A Hugging Face tokenizer.json plus its tokenizer_config.json dict."""
+        from tokenizers import Tokenizer as HFTokenizer
+        path = Path(path)
+        if not path.is_file():
+            raise ModelError(f"{path}: tokenizer file not found")
+        try:
+            backend = HFTokenizer.from_file(str(path))
+        except Exception as e:
+            raise ModelError(f"{path}: cannot read the tokenizer: {e}") from None
+        cfg = tokenizer_config or {}
+        bos, eos, pad = (_token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token"))
+        add_bos = cfg.get("add_bos_token")
+        if add_bos is None:  # decided by the tokenizer.json post-processor
+            bos_id = backend.token_to_id(bos) if bos else None
+            ids = backend.encode("a", add_special_tokens=True).ids
+            add_bos = bos_id is not None and bool(ids) and ids[0] == bos_id
+        return cls(backend, bos_token=bos, eos_token=eos, pad_token=pad, add_bos_token=add_bos,
+                   chat_template=_template_text(cfg.get("chat_template"), path),
+                   source=str(path))
+
+    @classmethod
+    def from_gguf(cls, fields: dict, source: str = "model.gguf") -> "Tokenizer":
+        """A byte-level BPE (gpt2 style) from GGUF `tokenizer.ggml.*` metadata."""
+        from tokenizers import Tokenizer as HFTokenizer, decoders, models
+        kind = fields.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ModelError(f"{source}: tokenizer.ggml.model {kind!r} is not supported "
+                             "(supported: gpt2 byte-level BPE)")
+        tokens, merges = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.merges")
+        if not tokens or merges is None:
+            raise ModelError(f"{source}: GGUF metadata lacks tokenizer.ggml.tokens or .merges")
+        pre = fields.get("tokenizer.ggml.pre", "default")
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre in _IGNORE_MERGES)
+        backend = HFTokenizer(bpe)
+        backend.pre_tokenizer = _pre_tokenizer(pre, source)
+        backend.decoder = decoders.ByteLevel()
+        _add_special_tokens(backend, tokens, fields.get("tokenizer.ggml.token_type"))
+
+        def text(key):
+            i = fields.get(key)
+            return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+        return cls(backend, bos_token=text("tokenizer.ggml.bos_token_id"),
+                   eos_token=text("tokenizer.ggml.eos_token_id"),
+                   pad_token=text("tokenizer.ggml.padding_token_id"),
+                   add_bos_token=fields.get("tokenizer.ggml.add_bos_token", False),
+                   chat_template=fields.get("tokenizer.chat_template"), source=source)
+
+    # ---- ids <-> text -------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(int(token_id))
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def add_eos_ids(self, ids) -> None:
+        """Add stop ids (e.g. from generation_config.json)."""
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        self.eos_token_ids |= {int(i) for i in ids}
+
+    @property
+    def bos_token(self) -> str:
+        return "" if self.bos_token_id is None else self.id_to_token(self.bos_token_id)
+
+    @property
+    def eos_token(self) -> str:
+        return self.id_to_token(self.eos_token_id)
+
+    # ---- chat template ------------------------------------------------------------------
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True,
+                            tokenize: bool = False, **kwargs):
+        """Render a conversation with the model's template (ChatML if it has none)."""
+        text = self._render(messages, add_generation_prompt, **kwargs)
+        return self.encode(text) if tokenize else text
+
+    def render_chat_with_masks(self, messages) -> list[tuple[str, bool]]:
+        """The rendered conversation as (text, is_response) segments, in order."""
+        text, spans = self._response_spans(messages)
+        segments, pos = [], 0
+        for start, end in spans:
+            if start > pos:
+                segments.append((text[pos:start], False))
+            segments.append((text[start:end], True))
+            pos = end
+        if pos < len(text):
+            segments.append((text[pos:], False))
+        return segments
+
+    def chat_token_masks(self, messages) -> tuple[list[int], list[bool]]:
+        """Token ids of the rendered conversation and which of them belong to responses."""
+        text, spans = self._response_spans(messages)
+        enc = self._tok.encode(text, add_special_tokens=False)
+        mask = [any(s < e_tok and s_tok < e for s, e in spans) for s_tok, e_tok in enc.offsets]
+        return list(enc.ids), mask
+
+    def _response_spans(self, messages) -> tuple[str, list[tuple[int, int]]]:
+        """Character spans of each assistant content (+ its end-of-turn token) in the text."""
+        _check_messages(messages, self.source)
+        full = self._render(messages, add_generation_prompt=False)
+        spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self._render(messages[:i], add_generation_prompt=True) if i else ""
+            upto = self._render(messages[: i + 1], add_generation_prompt=False)
+            if not (upto.startswith(before) and full.startswith(upto)):
+                raise DataError(f"{self.source}: the chat template does not render message {i} "
+                                "(assistant) as an extension of the earlier messages, so the "
+                                "response cannot be located for loss masking")
+            spans.append(self._content_span(upto, len(before), message["content"]))
+        return full, spans
+
+    def _content_span(self, upto: str, base: int, content: str) -> tuple[int, int]:
+        body = upto[base:]
+        at = body.find(content) if content else -1
+        if at < 0:  # the template changed the content: the whole turn is the response
+            return base, base + len(body.rstrip())
+        end = base + at + len(content)
+        for tok_id in sorted(self.eos_token_ids):
+            tok = self.id_to_token(tok_id)
+            if tok and upto.startswith(tok, end):
+                end += len(tok)
+                break
+        return base + at, end
+
+    def _render(self, messages, add_generation_prompt: bool, **kwargs) -> str:
+        from jinja2.exceptions import TemplateError
+        template = self._template()
+        try:
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                   bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
+        except TemplateError as e:
+            raise DataError(f"{self.source}: chat template failed: {e}") from None
+
+    def _template(self):
+        if self._compiled is None:
+            from jinja2.exceptions import TemplateSyntaxError
+            env = _jinja_env()
+            try:
+                self._compiled = env.from_string(self.chat_template or DEFAULT_CHAT_TEMPLATE)
+            except TemplateSyntaxError as e:
+                raise ModelError(f"{self.source}: the chat template is not valid Jinja "
+                                 f"(line {e.lineno}): {e.message}") from None
+        return self._compiled
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _id_or_none(self, token: str | None) -> int | None:
+        return None if token is None else self.token_to_id(token)
+
+    def _template_end_ids(self) -> set[int]:
+        template = self.chat_template or DEFAULT_CHAT_TEMPLATE
+        ids = {self.token_to_id(t) for t in END_OF_TURN_TOKENS if t in template}
+        return {i for i in ids if i is not None}
+
+
+def _pre_tokenizer(pre: str, source: str):
+    from tokenizers import Regex, pre_tokenizers
+    regexes = PRE_TOKENIZER_REGEXES.get(pre)
+    if regexes is None:
+        warnings.warn(f"{source}: pre-tokenizer {pre!r} is not known; using the gpt2 regex",
+                      stacklevel=3)
+        regexes = PRE_TOKENIZER_REGEXES["gpt2"]
+    steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    return pre_tokenizers.Sequence(steps)
+
+
+def _add_special_tokens(backend, tokens, token_types) -> None:
+    """Control tokens become special tokens; user-defined ones are matched whole too."""
+    from tokenizers import AddedToken
+    if token_types is None:
+        return
+    added = [AddedToken(tokens[i], special=(t == _TOKEN_CONTROL), normalized=False)
+             for i, t in enumerate(token_types) if t in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)]
+    backend.add_special_tokens([a for a in added if a.special])
+    backend.add_tokens([a for a in added if not a.special])
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _template_text(value, path) -> str | None:
+    """tokenizer_config's chat_template may be a string or a list of named templates."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        if "default" in named:
+            return named["default"]
+    raise ModelError(f"{path}: chat_template has an unsupported form ({type(value).__name__})")
+
+
+def _check_messages(messages, source: str) -> None:
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
+            raise DataError(f"{source}: message {i} must be a dict with 'role' and string "
+                            f"'content', got {m!r}")
+
+
+def _jinja_env():
+    """A sandboxed Jinja environment configured as Hugging Face renders chat templates."""
+    import jinja2.ext
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env

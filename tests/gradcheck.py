@@ -1,0 +1,41 @@
+"""Central finite-difference gradient checks for packlora ops (float64)."""
+import numpy as np
+
+import packlora as pl
+
+DEV = pl.Device.cpu().autodiff()
+
+
+def leaf(shape, seed=0, scale=1.0, positive=False):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape) * scale
+    if positive:
+        a = np.abs(a) + 0.5
+    return pl.Tensor(a, DEV).require_grad()
+
+
+def check(fn, inputs, eps=1e-6, rtol=1e-5, atol=1e-7, seed=123):
+    """Compare autodiff gradients of sum(fn(*inputs) * R) with central differences."""
+    out = fn(*inputs)
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal(out.shape)
+    loss = (out * pl.Tensor(weights, DEV)).sum()
+    loss.backward()
+    for t in inputs:
+        if not isinstance(t, pl.Tensor) or not t.requires_grad:
+            continue
+        num = np.zeros_like(t.data)
+        flat, nflat = t.data.reshape(-1), num.reshape(-1)
+        for i in range(flat.size):
+            old = flat[i]
+            flat[i] = old + eps
+            with pl.without_autodiff():
+                fp = float((fn(*inputs).numpy() * weights).sum())
+            flat[i] = old - eps
+            with pl.without_autodiff():
+                fm = float((fn(*inputs).numpy() * weights).sum())
+            flat[i] = old
+            nflat[i] = (fp - fm) / (2 * eps)
+        assert t.grad is not None, "no gradient reached an input that requires grad"
+        np.testing.assert_allclose(t.grad.numpy(), num, rtol=rtol, atol=atol)
+        t.grad = None

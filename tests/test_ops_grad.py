@@ -1,0 +1,122 @@
+"""Every op against central finite differences in float64, including broadcasting."""
+import numpy as np
+import pytest
+
+import packlora as pl
+from packlora import ops
+from gradcheck import DEV, check, leaf
+
+
+@pytest.mark.parametrize("sa,sb", [((3, 4), (3, 4)), ((3, 4), (4,)), ((2, 1, 4), (3, 1)),
+                                   ((3, 4), ())])
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_binary_broadcast(op, sa, sb):
+    a, b = leaf(sa, 1), leaf(sb, 2, positive=(op == "div"))
+    f = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y,
+         "mul": lambda x, y: x * y, "div": lambda x, y: x / y}[op]
+    check(f, [a, b])
+
+
+def test_scalar_operands_and_unary():
+    a = leaf((3, 5), 3, positive=True)
+    check(lambda x: 2.0 * x - 1.0 + x / 3.0 - (1.0 / x), [a])
+    check(lambda x: -x, [a])
+    check(lambda x: x ** 3, [a])
+    check(lambda x: x ** 0.5, [a])
+    check(lambda x: x.exp(), [leaf((4,), 4)])
+    check(lambda x: x.log(), [a])
+    check(lambda x: x.sqrt(), [a])
+
+
+@pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 3, 4), (2, 4, 2)),
+                                   ((2, 1, 3, 4), (3, 4, 2))])
+def test_matmul(sa, sb):
+    check(lambda x, y: x @ y, [leaf(sa, 5), leaf(sb, 6)])
+
+
+def test_reductions():
+    a = leaf((2, 3, 4), 7)
+    check(lambda x: x.sum(), [a])
+    check(lambda x: x.sum(axis=1), [a])
+    check(lambda x: x.mean(axis=(0, 2)), [a])
+    check(lambda x: x.mean(axis=-1, keepdims=True), [a])
+
+
+def test_shape_ops():
+    a = leaf((2, 3, 4), 8)
+    check(lambda x: x.reshape(6, 4), [a])
+    check(lambda x: x.transpose(2, 0, 1), [a])
+    check(lambda x: x.T, [a])
+    check(lambda x: x[:, 1:, ::2], [a])
+    check(lambda x: x[np.array([0, 1, 1])], [a])  # repeated rows accumulate
+    b = leaf((2, 2, 4), 9)
+    check(lambda x, y: ops.concat([x, y], axis=1), [a, b])
+    check(lambda x: ops.split(x, [1, 3], axis=-1)[1] * 2 + ops.split(x, 2, axis=-1)[0].sum(), [a])
+
+
+def test_activations():
+    a = leaf((3, 7), 10)
+    check(ops.silu, [a])
+    check(lambda x: ops.softmax(x, axis=-1), [a])
+    check(lambda x: ops.softmax(x, axis=0), [a])
+    check(ops.swiglu, [a, leaf((3, 7), 11)])
+
+
+def test_rms_norm():
+    check(lambda x, w: ops.rms_norm(x, w, 1e-5), [leaf((2, 3, 8), 12), leaf((8,), 13)])
+
+
+def test_rope():
+    t, d = 5, 8
+    pos = np.arange(t)[:, None] * (10000.0 ** (-np.arange(d // 2) / (d // 2)))[None]
+    cos, sin = np.cos(pos), np.sin(pos)
+    check(lambda x: ops.rope(x, cos, sin), [leaf((2, t, 3, d), 14)])
+
+
+@pytest.mark.parametrize("h,hkv,t,s", [(4, 2, 5, 5), (3, 3, 4, 4), (6, 2, 3, 7)])
+def test_attention_gqa(h, hkv, t, s):
+    q, k, v = leaf((2, t, h, 4), 15), leaf((2, s, hkv, 4), 16), leaf((2, s, hkv, 4), 17)
+    check(ops.attention, [q, k, v])
+
+
+def test_attention_matches_reference():
+    q, k, v = leaf((1, 4, 4, 3), 18), leaf((1, 4, 2, 3), 19), leaf((1, 4, 2, 3), 20)
+    out = ops.attention(q, k, v).numpy()
+    kk, vv = np.repeat(k.data, 2, axis=2), np.repeat(v.data, 2, axis=2)
+    s = np.einsum("bthd,bshd->bhts", q.data, kk) / np.sqrt(3)
+    s = np.where(np.tril(np.ones((4, 4), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(out, np.einsum("bhts,bshd->bthd", p, vv), rtol=1e-10)
+
+
+def test_cross_entropy_chunks_and_ignore():
+    logits = leaf((2, 5, 11), 21)
+    targets = np.array([[1, 2, -100, 4, 10], [0, -100, 3, 3, 7]])
+    check(lambda x: ops.cross_entropy(x, targets, chunk=3), [logits])
+    lf = logits.data.reshape(-1, 11)
+    tf = targets.reshape(-1)
+    m = tf != -100
+    lse = np.log(np.exp(lf).sum(-1))
+    ref = (lse - lf[np.arange(10), np.where(m, tf, 0)])[m].mean()
+    assert abs(ops.cross_entropy(logits, targets, chunk=4).item() - ref) < 1e-12
+
+
+def test_embedding_scatter_add():
+    w = leaf((6, 3), 22)
+    ids = np.array([[0, 2, 2], [5, 0, 1]])
+    check(lambda x: ops.embedding(x, ids), [w])
+
+
+def test_dropout_uses_device_generator():
+    x = pl.Tensor(np.ones((200, 50)), DEV).require_grad()
+    DEV.seed(3)
+    a = ops.dropout(x, 0.25).numpy()
+    DEV.seed(3)
+    b = ops.dropout(x, 0.25)
+    np.testing.assert_array_equal(a, b.numpy())
+    assert abs((a == 0).mean() - 0.25) < 0.02
+    assert np.allclose(a[a != 0], 1 / 0.75)
+    b.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), a)
+    assert ops.dropout(x, 0.25, training=False) is x
