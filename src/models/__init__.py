@@ -1,1 +1,6 @@
-"""packlora subpackage."""
+"""Llama-family models: architecture config, file readers, the model, and load_model."""
+from .config import ModelConfig
+from .llama import KVCache, LlamaForCausalLM
+from .load import load_model, quant_spec
+
+__all__ = ["ModelConfig", "LlamaForCausalLM", "KVCache", "load_model", "quant_spec"]

@@ -1,0 +1,183 @@
+"""The Llama-family decoder (Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2/2.5, Qwen3) in one file.
+
+Config flags select the differences: q/k/v bias (Qwen2), per-head q/k RMSNorm (Qwen3),
+tied embeddings, llama3 RoPE scaling. Module names follow Hugging Face's, so LoRA targets and
+PEFT keys line up: `model.layers.N.self_attn.q_proj`, `model.layers.N.mlp.down_proj`, `lm_head`.
+"""
+import numpy as np
+
+from .. import ops
+from ..nn import Module, PackedLinear, checkpoint, head_cross_entropy
+from ..tensor import Tensor
+from .config import rope_frequencies
+
+
+class Attention(Module):
+    def __init__(self, cfg, q_proj, k_proj, v_proj, o_proj, q_norm=None, k_norm=None):
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    def forward(self, x, cos, sin, cache=None):
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)  # (B, T, H, D)
+        k = self.k_proj(x).reshape(b, t, self.n_kv, self.head_dim)  # (B, T, Hkv, D)
+        v = self.v_proj(x).reshape(b, t, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        out = ops.attention(q, k, v)  # (B, T, H, D)
+        return self.o_proj(out.reshape(b, t, self.n_heads * self.head_dim))
+
+
+class MLP(Module):
+    def __init__(self, gate_proj, up_proj, down_proj):
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+
+    def forward(self, x):
+        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class DecoderLayer(Module):
+    def __init__(self, input_layernorm, self_attn, post_attention_layernorm, mlp):
+        self.input_layernorm = input_layernorm
+        self.self_attn = self_attn
+        self.post_attention_layernorm = post_attention_layernorm
+        self.mlp = mlp
+
+    def forward(self, h, cos, sin, cache=None):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(Module):
+    def __init__(self, embed_tokens, layers, norm):
+        self.embed_tokens = embed_tokens
+        self.layers = layers
+        self.norm = norm
+
+
+class LlamaForCausalLM(Module):
+    """`model(input_ids)` -> logits (B, T, V); `model.loss(input_ids, labels)` -> scalar."""
+
+    def __init__(self, cfg, backbone, lm_head, device, tokenizer=None, source=""):
+        self.config = cfg
+        self.model = backbone
+        self.lm_head = lm_head  # a Linear/PackedLinear, or None when tied to the embedding
+        self.device = device
+        self.tokenizer = tokenizer
+        self.source = str(source)
+        self.grad_checkpointing = False
+        self._inv_freq = rope_frequencies(cfg)  # (D/2,) float64
+
+    # -- pieces ------------------------------------------------------------------------------
+    def rope_tables(self, start, t):
+        pos = np.arange(start, start + t, dtype=np.float64)
+        ang = pos[:, None] * self._inv_freq[None, :]  # (T, D/2)
+        xp = self.device.xp
+        return (xp.asarray(np.cos(ang), dtype=np.float32),
+                xp.asarray(np.sin(ang), dtype=np.float32))
+
+    @property
+    def head_weight(self):
+        """The LM head's weight: its own, or the tied embedding table (Tensor or PackedWeight)."""
+        if self.lm_head is None:
+            return self.model.embed_tokens.weight
+        return self.lm_head.weight
+
+    def hidden_states(self, input_ids, cache=None):
+        """Final-norm hidden states (B, T, D) for integer ids (B, T)."""
+        ids = np.asarray(input_ids) if not hasattr(input_ids, "shape") else input_ids
+        if isinstance(ids, Tensor):
+            ids = ids.data
+        b, t = ids.shape
+        start = cache.length if cache is not None else 0
+        cos, sin = self.rope_tables(start, t)
+        h = self.model.embed_tokens(ids, self.device)
+        for i, layer in enumerate(self.model.layers):
+            layer_cache = cache.layer(i) if cache is not None else None
+            if self.grad_checkpointing and cache is None:
+                h = checkpoint(layer, h, cos, sin)
+            else:
+                h = layer(h, cos, sin, layer_cache)
+        if cache is not None:
+            cache.advance(t)
+        return self.model.norm(h)
+
+    def forward(self, input_ids, cache=None):
+        return self.logits(self.hidden_states(input_ids, cache))
+
+    def logits(self, h):
+        """LM head on hidden states (..., D) -> (..., V)."""
+        if self.lm_head is not None:
+            return self.lm_head(h)
+        head = self.model.embed_tokens
+        if head.packed:
+            return PackedLinear(head.weight)(h)
+        return h @ head.weight.T
+
+    def next_logits(self, input_ids, cache):
+        """Logits (B, V) of the last position only, extending the KV cache."""
+        h = self.hidden_states(input_ids, cache)
+        return self.logits(h[:, -1])
+
+    def loss(self, input_ids, labels, ignore_index=-100, chunk=256):
+        """Mean next-token cross-entropy: position t predicts labels[t + 1] (labels aligned with
+        input_ids, -100 where masked). The LM head runs fused with the loss in row chunks."""
+        xp = self.device.xp
+        ids = input_ids.data if isinstance(input_ids, Tensor) else xp.asarray(input_ids)
+        lab = labels.data if isinstance(labels, Tensor) else xp.asarray(labels)
+        h = self.hidden_states(ids)
+        b, t, d = h.shape
+        h = h[:, :-1].reshape(b * (t - 1), d)
+        targets = lab[:, 1:].reshape(-1)
+        return head_cross_entropy(h, self.head_weight, targets, ignore_index, chunk)
+
+    def trainable_parameters(self):
+        """Number of parameters that require grad."""
+        return int(sum(p.size for _, p in self.trainable()))
+
+    def num_parameters(self):
+        """Logical parameter count of the whole model (packed weights counted by shape)."""
+        total = 0
+        for _, mod in self.named_modules():
+            for value in vars(mod).values():
+                if isinstance(value, Tensor):
+                    total += value.size
+                elif hasattr(value, "dequantize") and hasattr(value, "shape"):
+                    total += int(np.prod(value.shape))
+        return total
+
+
+class KVCache:
+    """Preallocated keys and values per layer (B, S_max, Hkv, D), tracked as `kv_cache`."""
+
+    def __init__(self, cfg, device, batch, max_len):
+        xp, mem = device.xp, device.memory
+        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        self.k = [mem.track(xp.zeros(shape, np.float32), "kv_cache") for _ in range(cfg.num_layers)]
+        self.v = [mem.track(xp.zeros(shape, np.float32), "kv_cache") for _ in range(cfg.num_layers)]
+        self.length, self.max_len, self.device = 0, max_len, device
+
+    def layer(self, i):
+        return _LayerCache(self, i)
+
+    def advance(self, t):
+        self.length += t
+
+
+class _LayerCache:
+    def __init__(self, cache, i):
+        self.cache, self.i = cache, i
+
+    def append(self, k, v):
+        c, i = self.cache, self.i
+        s0, t = c.length, k.shape[1]
+        if s0 + t > c.max_len:
+            raise ValueError(f"KV cache full: {s0 + t} positions > {c.max_len}")
+        c.k[i][:, s0:s0 + t] = k.data
+        c.v[i][:, s0:s0 + t] = v.data
+        dev = k.device
+        return Tensor(c.k[i][:, :s0 + t], dev), Tensor(c.v[i][:, :s0 + t], dev)

@@ -1,0 +1,49 @@
+"""Small layers: RMSNorm and token embedding (dense or packed)."""
+import numpy as np
+
+from .. import ops
+from ..tensor import Tensor
+from .module import Module
+
+
+class RMSNorm(Module):
+    def __init__(self, weight: Tensor, eps: float):
+        self.weight = weight
+        self.eps = float(eps)
+
+    def forward(self, x):
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+def gather_packed_rows(w, ids, device):
+    """Rows of a packed (V, D) weight for integer ids (...) -> float32 (..., D), row by row."""
+    from .. import kernels
+    xp = device.xp
+    flat = ids.reshape(-1)
+    uniq, inverse = np.unique(flat if xp is np else flat.get(), return_inverse=True)
+    rows = xp.empty((len(uniq), w.shape[1]), dtype=np.float32)
+    for i, r in enumerate(uniq):
+        kernels.dequantize_rows(w, int(r), int(r) + 1, rows[i:i + 1])
+    return rows[xp.asarray(inverse)].reshape(*ids.shape, w.shape[1])
+
+
+class Embedding(Module):
+    """Token embedding; its table is a float Tensor or a PackedWeight (decoded row by row)."""
+
+    def __init__(self, weight):
+        self.weight = weight
+        self.num_embeddings, self.dim = weight.shape
+
+    @property
+    def packed(self):
+        return not isinstance(self.weight, Tensor)
+
+    def forward(self, ids, device):
+        idx = ids.data if isinstance(ids, Tensor) else device.xp.asarray(ids)
+        vmax = int(idx.max()) if idx.size else 0
+        if idx.size and (vmax >= self.num_embeddings or int(idx.min()) < 0):
+            raise IndexError(f"token id {vmax} out of range for a vocabulary of "
+                             f"{self.num_embeddings}")
+        if self.packed:
+            return Tensor(gather_packed_rows(self.weight, idx, device), device)
+        return ops.embedding(self.weight, idx)

@@ -1,0 +1,61 @@
+"""Linear layers: dense (float weight Tensor) and packed (quantized weight, never expanded)."""
+from .. import kernels
+from ..autodiff import Function
+from ..tensor import Tensor
+from .module import Module
+
+
+class PackedMatmul(Function):
+    """y = x @ W.T (+ bias) with W packed. Saves only the packed weight; returns dx (and dbias)."""
+
+    def forward(self, x, bias, weight=None):
+        self.weight = weight
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])  # (M, K)
+        if x2.dtype != self.xp.float32:
+            x2 = x2.astype(self.xp.float32)
+        y = kernels.linear_fwd(self.xp.ascontiguousarray(x2), weight, device=self.device)
+        if bias is not None:
+            y += bias
+        self.in_dtype = x.dtype
+        return y.reshape(*lead, y.shape[-1])
+
+    def backward(self, g):
+        g2 = self.xp.ascontiguousarray(g.reshape(-1, g.shape[-1]), dtype=self.xp.float32)
+        dx = None
+        if self.needs[0]:
+            dx = kernels.linear_bwd(g2, self.weight, device=self.device)
+            dx = dx.reshape(*g.shape[:-1], dx.shape[-1]).astype(self.in_dtype, copy=False)
+        db = g2.sum(axis=0) if self.needs[1] else None
+        return dx, db
+
+
+class PackedLinear(Module):
+    """A linear layer whose weight (out, in) stays packed in forward and backward."""
+
+    def __init__(self, weight, bias=None):
+        self.weight = weight  # PackedWeight, not a parameter
+        self.bias = bias
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x):
+        return PackedMatmul.apply(x, self.bias, weight=self.weight)
+
+    def __repr__(self):
+        return f"PackedLinear({self.in_features}->{self.out_features}, {self.weight.format})"
+
+
+class Linear(Module):
+    """A dense linear layer: y = x @ W.T + b, W a float Tensor (out, in)."""
+
+    def __init__(self, weight: Tensor, bias=None):
+        self.weight = weight
+        self.bias = bias
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x):
+        y = x @ self.weight.T
+        return y + self.bias if self.bias is not None else y
+
+    def __repr__(self):
+        return f"Linear({self.in_features}->{self.out_features}, dense)"
