@@ -1,1 +1,7 @@
-"""packlora subpackage."""
+"""LoRA / DoRA adapters: layers, injection, PEFT-format I/O, merging."""
+from .inject import apply_lora, linear_modules, select_targets
+from .lora import LoraLinear, LoraMatmul
+from .peft_io import adapter_state, load_adapter, save_adapter
+
+__all__ = ["LoraLinear", "LoraMatmul", "apply_lora", "select_targets", "linear_modules",
+           "save_adapter", "load_adapter", "adapter_state"]

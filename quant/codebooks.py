@@ -50,7 +50,7 @@ def _linspace_f32(steps):
 
 
 def _create_dynamic_map():
-    """bitsandbytes functional.create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8)."""
+    """bitsandbytes' create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8)."""
     values = []
     for i in range(7):
         bounds = _linspace_f32(2 ** i + 1)

@@ -5,10 +5,17 @@ import copy
 import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError
 
@@ -24,13 +31,13 @@ def _to_float(value: Any) -> Any:
         except ValueError:
             raise ValueError(f"expected a number, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"expected a number, got {value!r}")
+        raise ValueError(f"expected a number, got {value!r}")  # noqa: TRY004 (pydantic)
     return value
 
 
 def _to_int(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"expected an integer, got {value!r}")
+        raise ValueError(f"expected an integer, got {value!r}")  # noqa: TRY004 (pydantic)
     return value
 
 
@@ -52,7 +59,7 @@ class QuantConfig(_Section):
     double_quant: bool = True
 
     @model_validator(mode="after")
-    def _gguf_block(self) -> "QuantConfig":
+    def _gguf_block(self) -> QuantConfig:
         if self.format in GGUF_FORMATS:
             if "block_size" in self.model_fields_set and self.block_size != GGUF_BLOCK:
                 raise ValueError(f"block_size: {self.format} uses blocks of {GGUF_BLOCK}, "
@@ -69,8 +76,8 @@ class LoraConfig(_Section):
     rank: Int = Field(16, ge=1)
     alpha: Num = Field(32.0, gt=0)
     dropout: Num = Field(0.0, ge=0.0, lt=1.0)
-    targets: Union[list[str], str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    layers: Optional[list[Int]] = None
+    targets: list[str] | str = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    layers: list[Int] | None = None
     rank_pattern: dict[str, Int] = {}
     alpha_pattern: dict[str, Num] = {}
     use_rslora: bool = False
@@ -94,7 +101,7 @@ class LoraConfig(_Section):
 
     @field_validator("layers")
     @classmethod
-    def _check_layers(cls, value: Optional[list[int]]) -> Optional[list[int]]:
+    def _check_layers(cls, value: list[int] | None) -> list[int] | None:
         if value is None:
             return None
         if not value or min(value) < 0 or len(set(value)) != len(value):
@@ -110,7 +117,7 @@ class LoraConfig(_Section):
                 raise ValueError(f"{key}: must be > 0, got {v}")
         return value
 
-    def scaling(self, rank: Optional[int] = None, alpha: Optional[float] = None) -> float:
+    def scaling(self, rank: int | None = None, alpha: float | None = None) -> float:
         """The adapter output scale: alpha/r, or alpha/sqrt(r) with rsLoRA."""
         r = self.rank if rank is None else rank
         a = self.alpha if alpha is None else alpha
@@ -121,8 +128,8 @@ class DataConfig(_Section):
     """Where the training text comes from and how it becomes token rows."""
 
     train: str = Field(min_length=1)
-    valid: Optional[str] = None
-    val_size: Union[int, float] = 0
+    valid: str | None = None
+    val_size: int | float = 0
     format: Literal["auto", "text", "completion", "alpaca", "chat"] = "auto"
     max_seq_len: Int = Field(512, ge=2)
     train_on_inputs: bool = False
@@ -138,7 +145,7 @@ class DataConfig(_Section):
         return int(value) if value >= 1 or value == 0 else float(value)
 
     @model_validator(mode="after")
-    def _one_validation_source(self) -> "DataConfig":
+    def _one_validation_source(self) -> DataConfig:
         if self.valid is not None and self.val_size:
             raise ValueError("set either valid (a file) or val_size (a split), not both")
         return self
@@ -147,22 +154,22 @@ class DataConfig(_Section):
 class TrainConfig(_Section):
     """Optimiser, schedule, length of the run, evaluation and checkpoint cadence."""
 
-    max_steps: Optional[Int] = Field(200, ge=1)
-    epochs: Optional[Int] = Field(None, ge=1)
+    max_steps: Int | None = Field(200, ge=1)
+    epochs: Int | None = Field(None, ge=1)
     batch_size: Int = Field(4, ge=1)
     grad_accum: Int = Field(1, ge=1)
     lr: Num = Field(2.0e-4, gt=0)
     schedule: Literal["constant", "linear", "cosine"] = "cosine"
     warmup_steps: Int = Field(10, ge=0)
-    warmup_ratio: Optional[Num] = Field(None, ge=0.0, lt=1.0)
+    warmup_ratio: Num | None = Field(None, ge=0.0, lt=1.0)
     weight_decay: Num = Field(0.0, ge=0.0)
     betas: tuple[Num, Num] = (0.9, 0.999)
     eps: Num = Field(1.0e-8, gt=0)
-    max_grad_norm: Optional[Num] = Field(1.0, gt=0)
+    max_grad_norm: Num | None = Field(1.0, gt=0)
     grad_checkpointing: bool = False
     eval_every: Int = Field(50, ge=0)
     save_every: Int = Field(50, ge=0)
-    keep_last: Optional[Int] = Field(2, ge=1)
+    keep_last: Int | None = Field(2, ge=1)
     log_every: Int = Field(1, ge=1)
     seed: Int = Field(0, ge=0)
     loss_chunk: Int = Field(256, ge=1)
@@ -175,7 +182,7 @@ class TrainConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _length_and_warmup(self) -> "TrainConfig":
+    def _length_and_warmup(self) -> TrainConfig:
         given = self.model_fields_set
         if self.epochs is not None and "max_steps" not in given:
             self.max_steps = None  # epochs given alone replaces the default step count
@@ -196,7 +203,7 @@ class TrainConfig(_Section):
     def warmup(self, total_steps: int) -> int:
         """Warmup length in steps (from warmup_ratio when set)."""
         if self.warmup_ratio is not None:
-            return int(round(self.warmup_ratio * total_steps))
+            return round(self.warmup_ratio * total_steps)
         return self.warmup_steps
 
 
@@ -209,7 +216,7 @@ class RunConfig(_Section):
     lora: LoraConfig = Field(default_factory=LoraConfig)
     data: DataConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
-    resume: Optional[str] = None
+    resume: str | None = None
     overwrite: bool = False
     output_dir: str = Field("runs/run", min_length=1)
 
@@ -222,12 +229,12 @@ class RunConfig(_Section):
 
     @field_validator("resume")
     @classmethod
-    def _check_resume(cls, value: Optional[str]) -> Optional[str]:
+    def _check_resume(cls, value: str | None) -> str | None:
         if value is not None and not value:
             raise ValueError("expected null, 'auto' or a checkpoint path, got ''")
         return value
 
-    def to_yaml(self, path: Union[str, Path, None] = None) -> str:
+    def to_yaml(self, path: str | Path | None = None) -> str:
         """The resolved config as YAML text; also written to `path` when given."""
         import yaml
         text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False,
@@ -253,7 +260,7 @@ def _loc_text(loc: tuple) -> str:
     return text
 
 
-def _section_model(ann: Any) -> Optional[type]:
+def _section_model(ann: Any) -> type | None:
     """The pydantic section class inside an annotation (unwrapping Optional), or None."""
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return ann
@@ -264,7 +271,7 @@ def _section_model(ann: Any) -> Optional[type]:
     return None
 
 
-def _model_at(root: type, path: tuple) -> Optional[type]:
+def _model_at(root: type, path: tuple) -> type | None:
     cls = root
     for part in path:
         field = cls.model_fields.get(part) if isinstance(part, str) else None
@@ -354,7 +361,7 @@ def _yaml():
     return yaml, StrictLoader
 
 
-def read_yaml(path: Union[str, Path]) -> dict:
+def read_yaml(path: str | Path) -> dict:
     """Parse a YAML mapping; malformed YAML raises ConfigError naming file:line:column."""
     yaml, loader = _yaml()
     p = Path(path)
@@ -429,6 +436,6 @@ def parse_config(data: dict, overrides=(), source: str = "<dict>") -> RunConfig:
         raise ConfigError(_format_errors(exc, RunConfig, source, origins)) from None
 
 
-def load_config(path: Union[str, Path], overrides=()) -> RunConfig:
+def load_config(path: str | Path, overrides=()) -> RunConfig:
     """Read a YAML run config, apply overrides (which win over the file) and validate it."""
     return parse_config(read_yaml(path), overrides, source=str(path))

@@ -55,7 +55,7 @@ class Tokenizer:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_file(cls, path, tokenizer_config: dict | None = None) -> "Tokenizer":
+    def from_file(cls, path, tokenizer_config: dict | None = None) -> Tokenizer:
         """A Hugging Face tokenizer.json plus its tokenizer_config.json dict."""
         from tokenizers import Tokenizer as HFTokenizer
         path = Path(path)
@@ -63,7 +63,7 @@ class Tokenizer:
             raise ModelError(f"{path}: tokenizer file not found")
         try:
             backend = HFTokenizer.from_file(str(path))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure means a bad file
             raise ModelError(f"{path}: cannot read the tokenizer: {e}") from None
         cfg = tokenizer_config or {}
         bos, eos, pad = (_token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token"))
@@ -77,9 +77,10 @@ class Tokenizer:
                    source=str(path))
 
     @classmethod
-    def from_gguf(cls, fields: dict, source: str = "model.gguf") -> "Tokenizer":
+    def from_gguf(cls, fields: dict, source: str = "model.gguf") -> Tokenizer:
         """A byte-level BPE (gpt2 style) from GGUF `tokenizer.ggml.*` metadata."""
-        from tokenizers import Tokenizer as HFTokenizer, decoders, models
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models
         kind = fields.get("tokenizer.ggml.model")
         if kind != "gpt2":
             raise ModelError(f"{source}: tokenizer.ggml.model {kind!r} is not supported "
@@ -105,6 +106,19 @@ class Tokenizer:
                    pad_token=text("tokenizer.ggml.padding_token_id"),
                    add_bos_token=fields.get("tokenizer.ggml.add_bos_token", False),
                    chat_template=fields.get("tokenizer.chat_template"), source=source)
+
+    def save(self, folder) -> None:
+        """Write tokenizer.json and tokenizer_config.json (Hugging Face layout) into `folder`."""
+        from .fileio import write_json, write_text
+        folder = Path(folder)
+        write_text(folder / "tokenizer.json", self._tok.to_str())
+        tok = self.id_to_token
+        cfg = {"bos_token": tok(self.bos_token_id) if self.bos_token_id is not None else None,
+               "eos_token": tok(self.eos_token_id),
+               "pad_token": tok(self.pad_token_id) if self.pad_token_id is not None else None,
+               "add_bos_token": self.add_bos_token, "chat_template": self.chat_template,
+               "tokenizer_class": "PreTrainedTokenizerFast"}
+        write_json(folder / "tokenizer_config.json", cfg)
 
     # ---- ids <-> text -------------------------------------------------------------------
     @property

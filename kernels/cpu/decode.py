@@ -24,90 +24,96 @@ def half_to_float(lo, hi):
     elif e == 31:
         v = math.inf
     else:
-        v = math.ldexp(float(m + 1024), e - 25)
+        v = float((m + 1024) << e) * 2.9802322387695312e-08  # (1024 + m) * 2**(e - 25)
     return np.float32(-v if h & 0x8000 else v)
 
 
+@njit(inline="always", cache=True)
+def _u(i):
+    """An index as uint64: Numba then skips its negative-index check, and loops vectorize."""
+    return np.uint64(i)
+
+
 @njit(inline="always", fastmath=True, cache=True)
-def block_absmax(pk, b):
+def _absmax(dq, f32, aq, acode, ascale, aoff, b):
     """absmax of block b, undoing the double quantization when the weight has it."""
-    if pk[2]:
-        return pk[8][pk[7][b]] * pk[9][b >> 8] + pk[10][0]
-    return pk[6][b]
+    if dq:
+        return acode[aq[_u(b)]] * ascale[_u(b >> 8)] + aoff[0]
+    return f32[_u(b)]
 
 
-@njit(fastmath=True, cache=True)
+@njit(inline="always", fastmath=True, cache=True)
 def _bnb4_segment(codes, pair, s, lo, hi, out, o):
     """Flat elements [lo, hi) of a 4-bit weight (one absmax s) into out[o:]."""
     i = lo
     if i & 1:
-        out[o] = pair[codes[i >> 1], 1] * s
+        out[_u(o)] = pair[codes[_u(i >> 1)], 1] * s
         o += 1
         i += 1
     j0 = i >> 1
-    for j in range(j0, hi >> 1):
-        c = codes[j]
-        p = o + 2 * (j - j0)
+    for t in range((hi >> 1) - j0):
+        c = codes[_u(j0 + t)]
+        p = _u(o + 2 * t)
         out[p] = pair[c, 0] * s
-        out[p + 1] = pair[c, 1] * s
+        out[p + _u(1)] = pair[c, 1] * s
     if hi & 1 and hi - 1 >= i:
-        out[o + (hi - 1 - i)] = pair[codes[(hi - 1) >> 1], 0] * s
+        out[_u(o + hi - 1 - i)] = pair[codes[_u((hi - 1) >> 1)], 0] * s
 
 
 @njit(fastmath=True, cache=True)
-def _blockwise_span(pk, start, count, out, o):
+def _blockwise_span(fam, bs, dq, u8, i8, f32, aq, acode, ascale, aoff, pair, start, count, out, o):
     """Flat elements [start, start+count) of an nf4/fp4/int8 weight into out[o:]."""
-    bs = pk[1]
     end = start + count
-    for b in range(start // bs, (end - 1) // bs + 1):
-        lo = max(start, b * bs)
+    b = start // bs
+    lo = start
+    while lo < end:
         hi = min(end, (b + 1) * bs)
-        s = block_absmax(pk, b)
-        if pk[0] == BNB4:
-            _bnb4_segment(pk[4], pk[11], s, lo, hi, out, o + lo - start)
+        s = _absmax(dq, f32, aq, acode, ascale, aoff, b)
+        p = o + lo - start
+        if fam == BNB4:
+            _bnb4_segment(u8, pair, s, lo, hi, out, p)
         else:
             s = s / np.float32(127.0)
-            codes = pk[5]
-            base = o - start
-            for i in range(lo, hi):
-                out[base + i] = codes[i] * s
+            for t in range(hi - lo):
+                out[_u(p + t)] = i8[_u(lo + t)] * s
+        lo = hi
+        b += 1
 
 
 @njit(fastmath=True, cache=True)
-def _ggml_span(pk, n, k0, k1, out, o):
+def _ggml_span(fam, K, u8, i8, n, k0, k1, out, o):
     """Row n, columns [k0, k1) (multiples of 32) of a q4_0/q4_1/q8_0 weight into out[o:]."""
-    fam = pk[0]
-    u8 = pk[4]
-    i8 = pk[5]
     bpb = 18 if fam == Q4_0 else (20 if fam == Q4_1 else 34)
-    row = n * (pk[3] // 32) * bpb
+    row = n * (K // 32) * bpb
     for kb in range(k0 // 32, k1 // 32):
         p = row + kb * bpb
         q = o + (kb * 32 - k0)
-        d = half_to_float(u8[p], u8[p + 1])
+        d = half_to_float(u8[_u(p)], u8[_u(p + 1)])
         if fam == Q8_0:
             for j in range(32):
-                out[q + j] = i8[p + 2 + j] * d
+                out[_u(q + j)] = i8[_u(p + 2 + j)] * d
         elif fam == Q4_0:
             for j in range(16):
-                c = np.int32(u8[p + 2 + j])
-                out[q + j] = ((c & 15) - 8) * d
-                out[q + j + 16] = ((c >> 4) - 8) * d
+                c = np.int32(u8[_u(p + 2 + j)])
+                out[_u(q + j)] = ((c & 15) - 8) * d
+                out[_u(q + j + 16)] = ((c >> 4) - 8) * d
         else:
-            m = half_to_float(u8[p + 2], u8[p + 3])
+            m = half_to_float(u8[_u(p + 2)], u8[_u(p + 3)])
             for j in range(16):
-                c = np.int32(u8[p + 4 + j])
-                out[q + j] = (c & 15) * d + m
-                out[q + j + 16] = (c >> 4) * d + m
+                c = np.int32(u8[_u(p + 4 + j)])
+                out[_u(q + j)] = (c & 15) * d + m
+                out[_u(q + j + 16)] = (c >> 4) * d + m
 
 
 @njit(fastmath=True, cache=True)
 def decode_span(pk, n, k0, k1, out, o):
     """W[n, k0:k1] into out[o:o + k1 - k0]; for ggml formats k0 and k1 are multiples of 32."""
-    if pk[0] <= INT8:
-        _blockwise_span(pk, n * pk[3] + k0, k1 - k0, out, o)
+    fam = pk[0]
+    if fam <= INT8:
+        _blockwise_span(fam, pk[1], pk[2], pk[4], pk[5], pk[6], pk[7], pk[8], pk[9], pk[10],
+                        pk[11], n * pk[3] + k0, k1 - k0, out, o)
     else:
-        _ggml_span(pk, n, k0, k1, out, o)
+        _ggml_span(fam, pk[3], pk[4], pk[5], n, k0, k1, out, o)
 
 
 @njit(parallel=True, fastmath=True, cache=True)

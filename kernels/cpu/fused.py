@@ -2,7 +2,7 @@
 import numpy as np
 from numba import njit, prange
 
-from .decode import decode_span
+from .decode import _u, decode_span
 
 RB = 4  # rows of W decoded together; each x row is loaded once per RB dot products
 
@@ -15,12 +15,13 @@ def _dot_rows(x, m, buf, K, rows, y, n0):
         a1 = np.float32(0.0)
         a2 = np.float32(0.0)
         a3 = np.float32(0.0)
+        xm = x[m]
         for k in range(K):
-            xv = x[m, k]
-            a0 += xv * buf[k]
-            a1 += xv * buf[K + k]
-            a2 += xv * buf[2 * K + k]
-            a3 += xv * buf[3 * K + k]
+            xv = xm[_u(k)]
+            a0 += xv * buf[_u(k)]
+            a1 += xv * buf[_u(K + k)]
+            a2 += xv * buf[_u(2 * K + k)]
+            a3 += xv * buf[_u(3 * K + k)]
         y[m, n0] = a0
         y[m, n0 + 1] = a1
         y[m, n0 + 2] = a2
@@ -29,7 +30,7 @@ def _dot_rows(x, m, buf, K, rows, y, n0):
         for r in range(rows):
             acc = np.float32(0.0)
             for k in range(K):
-                acc += x[m, k] * buf[r * K + k]
+                acc += x[m, _u(k)] * buf[_u(r * K + k)]
             y[m, n0 + r] = acc
 
 
@@ -58,13 +59,15 @@ def _axpy_rows(dy, m, n0, rows, buf, kc, acc):
         d1 = dy[m, n0 + 1]
         d2 = dy[m, n0 + 2]
         d3 = dy[m, n0 + 3]
+        am = acc[m]
         for k in range(kc):
-            acc[m, k] += d0 * buf[k] + d1 * buf[kc + k] + d2 * buf[2 * kc + k] + d3 * buf[3 * kc + k]
+            am[_u(k)] += (d0 * buf[_u(k)] + d1 * buf[_u(kc + k)] + d2 * buf[_u(2 * kc + k)]
+                          + d3 * buf[_u(3 * kc + k)])
     else:
         for r in range(rows):
             d = dy[m, n0 + r]
             for k in range(kc):
-                acc[m, k] += d * buf[r * kc + k]
+                acc[m, _u(k)] += d * buf[_u(r * kc + k)]
 
 
 @njit(parallel=True, fastmath=True, cache=True)

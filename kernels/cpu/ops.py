@@ -8,8 +8,10 @@ from .fused import fused_bwd, fused_fwd
 from .tiled import tiled_bwd, tiled_fwd
 
 # Batches up to this many rows use the fused kernels; larger ones decode tiles for BLAS.
-# Measured with bench/kernels.py on a 2-core Zen 3 (see the report in the bench's docstring).
-FUSED_MAX_M = 16
+# Measured (bench/kernels.py, 1 thread, 576x576 and 4096x4096): forward crosses over at M≈8,
+# backward at M≈8 (small K) to ≥32 (large K).
+FUSED_MAX_M = 8
+FUSED_MAX_M_BWD = 16
 
 _FAMILY = {"nf4": BNB4, "fp4": BNB4, "int8": INT8, "q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0}
 _U8 = np.zeros(1, np.uint8)
@@ -96,7 +98,7 @@ def linear_bwd(dy, w, out, scratch, cap_elems):
     K = int(w.shape[1])
     if dy.shape[0] == 0:
         return out
-    if dy.shape[0] <= FUSED_MAX_M:
+    if dy.shape[0] <= FUSED_MAX_M_BWD:
         fused_bwd(dy, pk, K, _bwd_chunk(pk, K), out)
         return out
     return tiled_bwd(dy, pk, K, out, scratch, cap_elems, _align(pk))

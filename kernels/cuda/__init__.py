@@ -1,1 +1,1 @@
-"""packlora subpackage."""
+"""CUDA kernels (numba.cuda): fused dequant-GEMM for packed weights; API in .ops."""

@@ -1,4 +1,4 @@
-"""CUDA device functions that decode one element of a packed weight (every format)."""
+"""CUDA device functions that decode runs of a packed weight's elements (every format)."""
 
 import math
 
@@ -13,7 +13,7 @@ Q4_1 = 4
 Q8_0 = 5
 
 
-@cuda.jit(device=True, inline=True, cache=True)
+@cuda.jit(device=True, cache=True)
 def pow2(e):
     """2**e as an exact float32 for -30 <= e <= 30."""
     if e >= 0:
@@ -38,7 +38,7 @@ def half_to_float(lo, hi):
     return val
 
 
-@cuda.jit(device=True, inline=True, cache=True)
+@cuda.jit(device=True, cache=True)
 def signed_byte(v):
     """uint8 -> the int8 with the same bits, as int32."""
     s = int32(v)
@@ -111,6 +111,8 @@ def decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
 def decode_run(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale,
                amoff, codebook):
     """dst[r + t*dr, c + t*dc] = W[n, k + t] for t < cnt, any format (W is (N, kdim))."""
+    if cnt <= 0:
+        return
     if fmt >= Q4_0:
         decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q)
     else:

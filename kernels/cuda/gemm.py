@@ -47,6 +47,8 @@ def _build(TM, TC, TR, RM, RN, SEG):
     BX = TC // RN
     BY = TM // RM
     NT = BX * BY
+    TM_PAD = TM + 1  # padded shared rows: tile loads hit different banks
+    TC_PAD = TC + 1
 
     @cuda.jit(device=True, cache=True)
     def load_a(a, a_s, m0, r0, mdim, rdim, tid):
@@ -101,8 +103,8 @@ def _build(TM, TC, TR, RM, RN, SEG):
         # a: (M, R) float32; c: (M, C) float32. Logical W is (N, kdim).
         # fwd (bwd=0): R = kdim, C = N, B[r, col] = W[col, r]  -> c = a @ W.T
         # bwd (bwd=1): R = N, C = kdim, B[r, col] = W[r, col]  -> c = a @ W
-        a_s = cuda.shared.array(shape=(TR, TM), dtype=float32)
-        b_s = cuda.shared.array(shape=(TR, TC), dtype=float32)
+        a_s = cuda.shared.array(shape=(TR, TM_PAD), dtype=float32)
+        b_s = cuda.shared.array(shape=(TR, TC_PAD), dtype=float32)
         acc = cuda.local.array(shape=(RM, RN), dtype=float32)
         am = cuda.local.array(shape=RM, dtype=float32)
         bn = cuda.local.array(shape=RN, dtype=float32)

@@ -3,16 +3,16 @@
 import numpy as np
 from numba import config, cuda
 
-from ...errors import QuantError
+from ...errors import DeviceError, QuantError
 from .decode import FP4, INT8, NF4, Q4_0, Q4_1, Q8_0
 from .gemm import Tile, gemm_kernel
 
 FORMAT_IDS = {"nf4": NF4, "fp4": FP4, "int8": INT8, "q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0}
 GGUF_BPB = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 
-SIM_TILE = Tile(tm=8, tc=8, tr=8, rm=2, rn=2)  # 16 threads: fast in the simulator
-SMALL_M_TILE = Tile(tm=16, tc=64, tr=32, rm=1, rn=4)  # 256 threads, for M <= 16
-LARGE_M_TILE = Tile(tm=64, tc=64, tr=16, rm=4, rn=4)  # 256 threads
+SIM_TILE = Tile(tm=8, tc=16, tr=16, rm=4, rn=4, seg=8)  # 8 threads: fast in the simulator
+SMALL_M_TILE = Tile(tm=16, tc=64, tr=32, rm=1, rn=4, seg=8)  # 256 threads, M <= 16
+LARGE_M_TILE = Tile(tm=64, tc=64, tr=16, rm=4, rn=4, seg=4)  # 256 threads
 
 
 def linear_fwd(x, w, out=None, *, tile=None):
@@ -60,6 +60,9 @@ def _output(a, out, shape, op):
         return _array_module(a).empty(shape, dtype=np.float32)
     if tuple(out.shape) != shape or out.dtype != np.float32:
         raise ValueError(f"{op}: out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
+    if _is_cupy(out) != _is_cupy(a) or not out.flags.c_contiguous:
+        raise ValueError(f"{op}: out must be a C-contiguous array of the same array module as "
+                         f"the input ({type(a).__module__})")
     return out
 
 
@@ -82,6 +85,10 @@ def _default_tile(m):
 
 def _launch(a, c, w, bwd, tile):
     """Launch the packed GEMM kernel for c = a @ (W.T if fwd else W)."""
+    if _is_cupy(next(iter(w.buffers.values()))) != _is_cupy(a):
+        where = "GPU (cupy)" if _is_cupy(a) else "host (numpy)"
+        raise DeviceError(f"packed weight ({w.format}, shape {tuple(w.shape)}) is not on the "
+                          f"input's device {where}; move it with w.to_device(dev)")
     m, cdim = c.shape
     if m == 0 or cdim == 0:
         return
@@ -94,11 +101,18 @@ def _launch(a, c, w, bwd, tile):
     kernel = gemm_kernel(tile)
     if _is_cupy(a):
         import cupy
+        # Launch on cupy's current stream; that orders us after the work that made the
+        # inputs, so the interface import needs no extra synchronisation.
         stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
-        args = [cuda.as_cuda_array(v) if _is_cupy(v) else v for v in args]
+        args = [cuda.as_cuda_array(v, sync=False) if _is_cupy(v) else v for v in args]
         kernel[grid, tile.block, stream](args[0], args[1], bwd, *args[2:])
     else:
+        # numpy (simulator, or host arrays on a GPU): explicit copies, so read-only inputs
+        # are never written back; only the result is copied to the host.
+        args = [cuda.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+                for v in args]
         kernel[grid, tile.block](args[0], args[1], bwd, *args[2:])
+        args[1].copy_to_host(c)
 
 
 def _weight_args(w, xp):
@@ -107,7 +121,6 @@ def _weight_args(w, xp):
     n, k = w.shape
     fmt = w.format
     f32, u8 = _placeholders(xp)
-    buf = w.buffers
     if fmt in GGUF_BPB:
         q = _buffer(w, "blocks", (n, (k // 32) * GGUF_BPB[fmt]), np.uint8).reshape(-1)
         return [k, FORMAT_IDS[fmt], 32, 0, q, f32, u8, f32, f32, f32, f32]

@@ -1,8 +1,6 @@
 """One training row: input token ids and their (already shifted) target labels."""
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 IGNORE_INDEX = -100  # label of a position that is not in the loss
@@ -17,12 +15,12 @@ class Example:
     on packed rows only; `origin` names where the row came from (`file:line`).
     """
 
-    __slots__ = ("input_ids", "labels", "segment_ids", "origin")
+    __slots__ = ("input_ids", "labels", "origin", "segment_ids")
 
     def __init__(self, input_ids, labels, segment_ids=None, origin: str = ""):
         self.input_ids = np.asarray(input_ids, dtype=np.int32)  # (T,)
         self.labels = np.asarray(labels, dtype=np.int64)  # (T,)
-        self.segment_ids: Optional[np.ndarray] = (
+        self.segment_ids: np.ndarray | None = (
             None if segment_ids is None else np.asarray(segment_ids, dtype=np.int32))  # (T,)
         self.origin = origin
         if self.input_ids.shape != self.labels.shape or self.input_ids.ndim != 1:

@@ -1,13 +1,12 @@
 """Turning a checked record into token ids with a loss mask, then into an Example."""
 from __future__ import annotations
 
-from typing import Optional
-
 from ..errors import DataError
 from .example import Example, from_token_mask
 
 
-def tokens_and_mask(item: tuple, tokenizer, train_on_inputs: bool) -> tuple[list, list]:
+def tokens_and_mask(item: tuple, tokenizer, train_on_inputs: bool,
+                    where: str = "") -> tuple[list, list]:
     """(ids, in_loss) for a normalized record; prompts are masked unless train_on_inputs."""
     eos = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
     kind = item[0]
@@ -21,17 +20,17 @@ def tokens_and_mask(item: tuple, tokenizer, train_on_inputs: bool) -> tuple[list
     ids, is_response = tokenizer.chat_token_masks(item[1])
     ids, is_response = list(ids), [bool(r) for r in is_response]
     if len(ids) != len(is_response):
-        raise DataError(f"tokenizer returned {len(ids)} ids but {len(is_response)} mask entries")
+        raise DataError(f"{where}: the tokenizer returned {len(ids)} ids but {len(is_response)} mask entries")
     return ids, ([True] * len(ids) if train_on_inputs else is_response)
 
 
 def make_example(item: tuple, tokenizer, train_on_inputs: bool, max_seq_len: int,
-                 where: str) -> tuple[Optional[Example], bool]:
+                 where: str) -> tuple[Example | None, bool]:
     """(example or None when nothing is left to learn, was_truncated).
 
     Rows hold at most `max_seq_len` positions, so a sequence keeps `max_seq_len + 1` tokens.
     """
-    ids, in_loss = tokens_and_mask(item, tokenizer, train_on_inputs)
+    ids, in_loss = tokens_and_mask(item, tokenizer, train_on_inputs, where)
     truncated = len(ids) > max_seq_len + 1
     ids, in_loss = ids[:max_seq_len + 1], in_loss[:max_seq_len + 1]
     if len(ids) < 2 or not any(in_loss[1:]):

@@ -47,7 +47,7 @@ class ModelConfig:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
-    def from_hf(cls, cfg: dict, source: str = "config.json") -> "ModelConfig":
+    def from_hf(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
         """Build from a Hugging Face config.json dict (llama, mistral, qwen2, qwen3)."""
         mtype = cfg.get("model_type")
         if mtype not in SUPPORTED_HF_TYPES:
@@ -75,7 +75,7 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, fields: dict, source: str = "model.gguf",
-                  tensor_names=None) -> "ModelConfig":
+                  tensor_names=None) -> ModelConfig:
         """Build from GGUF metadata; tensor_names (if given) decide tying, biases and qk-norm."""
         arch = fields.get("general.architecture")
         if arch not in SUPPORTED_GGUF_ARCHS:

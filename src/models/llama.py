@@ -124,16 +124,23 @@ class LlamaForCausalLM(Module):
         return self.logits(h[:, -1])
 
     def loss(self, input_ids, labels, ignore_index=-100, chunk=256):
-        """Mean next-token cross-entropy: position t predicts labels[t + 1] (labels aligned with
-        input_ids, -100 where masked). The LM head runs fused with the loss in row chunks."""
+        """Mean next-token cross-entropy with Hugging Face's convention: labels are aligned with
+        input_ids (-100 where masked) and position t predicts labels[t + 1]."""
         xp = self.device.xp
-        ids = input_ids.data if isinstance(input_ids, Tensor) else xp.asarray(input_ids)
         lab = labels.data if isinstance(labels, Tensor) else xp.asarray(labels)
-        h = self.hidden_states(ids)
+        ids = input_ids.data if isinstance(input_ids, Tensor) else xp.asarray(input_ids)
+        return self.target_loss(ids[:, :-1], lab[:, 1:], ignore_index, chunk)
+
+    def target_loss(self, input_ids, targets, ignore_index=-100, chunk=256):
+        """Mean cross-entropy where targets[b, t] is the token that should follow position t
+        (already shifted, as the data pipeline makes them). The LM head runs fused with the
+        loss in row chunks, so the full logits never exist."""
+        xp = self.device.xp
+        tgt = targets.data if isinstance(targets, Tensor) else xp.asarray(targets)
+        h = self.hidden_states(input_ids)
         b, t, d = h.shape
-        h = h[:, :-1].reshape(b * (t - 1), d)
-        targets = lab[:, 1:].reshape(-1)
-        return head_cross_entropy(h, self.head_weight, targets, ignore_index, chunk)
+        return head_cross_entropy(h.reshape(b * t, d), self.head_weight, tgt.reshape(-1),
+                                  ignore_index, chunk)
 
     def trainable_parameters(self):
         """Number of parameters that require grad."""

@@ -1,0 +1,140 @@
+"""LoRA (and DoRA) on a frozen linear layer, as one fused tape node.
+
+y = base(x) + s * (drop(x) @ A.T) @ B.T            (LoRA)
+y = m / ||W + s*B*A||_row * (W x + s * B A x)      (DoRA; the norm is held constant in backward,
+                                                    as the DoRA paper and PEFT do)
+The base weight is a PackedWeight (never expanded) or a frozen float Tensor.
+"""
+import numpy as np
+
+from .. import kernels
+from ..autodiff import Function
+from ..nn import Module
+from ..tensor import Tensor
+
+
+def base_fwd(xp, x2, w, device):
+    if isinstance(w, Tensor):
+        return x2 @ w.data.T
+    return kernels.linear_fwd(x2, w, device=device)
+
+
+def base_bwd(xp, g2, w, device):
+    if isinstance(w, Tensor):
+        return g2 @ w.data
+    return kernels.linear_bwd(g2, w, device=device)
+
+
+class LoraMatmul(Function):
+    """Inputs: x (..., K), A (r, K), B (N, r), magnitude (N,) or None, bias (N,) or None."""
+
+    def forward(self, x, a, b, mag, bias, weight=None, scale=1.0, dropout=0.0, norm=None):
+        xp = self.xp
+        lead = x.shape[:-1]
+        x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=xp.float32)  # (M, K)
+        xd, mask = x2, None
+        if dropout > 0.0:
+            mask = (self.device.rng.random(x2.shape, dtype=np.float32) >= dropout)
+            xd = x2 * mask * np.float32(1.0 / (1.0 - dropout))
+        xa = xd @ a.T  # (M, r)
+        y = base_fwd(xp, x2, weight, self.device)  # (M, N)
+        y += scale * (xa @ b.T)
+        if mag is not None:
+            factor = mag / norm  # (N,)
+            if self.needs[3]:
+                self.pre = y.copy()  # W x + s B A x, needed for the magnitude's gradient
+            y *= factor
+        else:
+            factor = None
+        if bias is not None:
+            y += bias
+        self.weight, self.scale, self.dropout, self.factor = weight, scale, dropout, factor
+        self.norm = norm
+        self.in_dtype = x.dtype
+        self.save(xd if self.needs[1] else None, xa if self.needs[2] else None, a, b, mask)
+        return y.reshape(*lead, y.shape[-1])
+
+    def backward(self, g):
+        xd, xa, a, b, mask = self.saved
+        xp, s = self.xp, self.scale
+        g2 = xp.ascontiguousarray(g.reshape(-1, g.shape[-1]), dtype=xp.float32)  # (M, N)
+        dmag = None
+        if self.factor is not None:
+            if self.needs[3]:
+                dmag = (g2 * self.pre).sum(axis=0) / self.norm  # (N,)
+            g2 = g2 * self.factor
+        gxa = s * (g2 @ b)  # (M, r)
+        da = gxa.T @ xd if self.needs[1] else None  # (r, K)
+        db = s * (g2.T @ xa) if self.needs[2] else None  # (N, r)
+        dx = None
+        if self.needs[0]:
+            lora_dx = gxa @ a
+            if mask is not None:
+                lora_dx *= mask * np.float32(1.0 / (1.0 - self.dropout))
+            dx = base_bwd(xp, g2, self.weight, self.device) + lora_dx
+            dx = dx.reshape(*g.shape[:-1], dx.shape[-1]).astype(self.in_dtype, copy=False)
+        dbias = g.reshape(-1, g.shape[-1]).sum(axis=0) if self.needs[4] else None
+        return dx, da, db, dmag, dbias
+
+def row_norms(weight, a, b, scale, device):
+    """||W + s * B @ A|| per output row (N,), from a packed W decoded in bounded row tiles."""
+    xp = device.xp
+    n, k = weight.shape
+    out = xp.empty(n, dtype=np.float32)
+    if isinstance(weight, Tensor):
+        return xp.linalg.norm(weight.data + scale * (b @ a), axis=1).astype(np.float32)
+    rows = max(1, device.scratch_cap // (4 * k))
+    for n0 in range(0, n, rows):
+        n1 = min(n, n0 + rows)
+        tile = device.scratch((n1 - n0) * k, np.float32).reshape(n1 - n0, k)
+        kernels.dequantize_rows(weight, n0, n1, tile)
+        tile += scale * (b[n0:n1] @ a)
+        out[n0:n1] = xp.sqrt((tile * tile).sum(axis=1))
+    return out
+
+
+class LoraLinear(Module):
+    """A frozen base linear (PackedLinear or Linear) plus trainable lora_A (r, in), lora_B (out, r)
+    and, with DoRA, lora_magnitude_vector (out,)."""
+
+    def __init__(self, base, rank, alpha, dropout=0.0, use_rslora=False, use_dora=False):
+        self.base = base
+        self.rank, self.alpha, self.dropout = int(rank), float(alpha), float(dropout)
+        self.use_rslora, self.use_dora = bool(use_rslora), bool(use_dora)
+        self.scale = self.alpha / (np.sqrt(self.rank) if use_rslora else self.rank)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.lora_A = None
+        self.lora_B = None
+        self.lora_magnitude_vector = None
+
+    @property
+    def weight(self):
+        return self.base.weight
+
+    @property
+    def bias(self):
+        return self.base.bias
+
+    def init_dora(self, device):
+        """Magnitude = the row norms of the (adapted) base weight, as PEFT initialises it."""
+        norms = row_norms(self.weight, self.lora_A.data, self.lora_B.data, self.scale, device)
+        with device.memory.category("adapters"):
+            self.lora_magnitude_vector = Tensor(norms, self.lora_A.device).require_grad()
+
+    def forward(self, x):
+        mag = self.lora_magnitude_vector
+        norm = None
+        if mag is not None:
+            norm = row_norms(self.weight, self.lora_A.data, self.lora_B.data, self.scale,
+                             x.device)
+        p = self.dropout if self.training else 0.0
+        return LoraMatmul.apply(x, self.lora_A, self.lora_B, mag, self.bias, weight=self.weight,
+                                scale=self.scale, dropout=p, norm=norm)
+
+    def delta_weight(self):
+        """s * B @ A as a float32 numpy array (out, in), for merging."""
+        return self.scale * (self.lora_B.numpy() @ self.lora_A.numpy())
+
+    def __repr__(self):
+        kind = "DoRA" if self.use_dora else "LoRA"
+        return f"{kind}(r={self.rank}, alpha={self.alpha:g}, base={self.base!r})"

@@ -1,0 +1,134 @@
+"""Adapters in the PEFT format: adapter_model.safetensors + adapter_config.json."""
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelError
+from ..fileio import save_safetensors, write_json
+from ..tensor import Tensor
+from .lora import LoraLinear
+
+WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
+PREFIX = "base_model.model."
+
+
+def _lora_layers(model):
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLinear)]
+
+
+def adapter_state(model):
+    """{PEFT key: float32 numpy array} of every adapter tensor."""
+    out = {}
+    for path, layer in _lora_layers(model):
+        out[f"{PREFIX}{path}.lora_A.weight"] = layer.lora_A.numpy().astype(np.float32)
+        out[f"{PREFIX}{path}.lora_B.weight"] = layer.lora_B.numpy().astype(np.float32)
+        if layer.lora_magnitude_vector is not None:
+            out[f"{PREFIX}{path}.lora_magnitude_vector"] = layer.lora_magnitude_vector.numpy()
+    return out
+
+
+def adapter_config(model):
+    layers = _lora_layers(model)
+    if not layers:
+        raise ModelError("the model has no LoRA adapters; call apply_lora first")
+    first = layers[0][1]
+    cfg = getattr(model, "lora_config", None)
+    get = (lambda k, d=None: cfg.get(k, d)) if isinstance(cfg, dict) else \
+        (lambda k, d=None: getattr(cfg, k, d))
+    targets = sorted({p.rsplit(".", 1)[-1] for p, _ in layers})
+    rank_pattern = {p: m.rank for p, m in layers if m.rank != first.rank}
+    alpha_pattern = {p: m.alpha for p, m in layers if m.alpha != first.alpha}
+    return {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": first.rank,
+        "lora_alpha": first.alpha, "lora_dropout": first.dropout, "target_modules": targets,
+        "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
+        "use_rslora": first.use_rslora, "use_dora": first.use_dora, "bias": "none",
+        "fan_in_fan_out": False, "inference_mode": True, "modules_to_save": None,
+        "layers_to_transform": get("layers"), "init_lora_weights": True,
+        "base_model_name_or_path": str(getattr(model, "source", "")),
+        "revision": None, "library": "packlora",
+    }
+
+
+def save_adapter(model, out_dir):
+    """Write the adapter of `model` to `out_dir` in the PEFT format (atomically, file by file)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(out / WEIGHTS, adapter_state(model), metadata={"format": "pt"})
+    write_json(out / CONFIG, adapter_config(model))
+    return out
+
+
+def read_adapter(adapter_dir):
+    """(config dict, {key: array}) of a PEFT adapter folder, with clear errors."""
+    from safetensors.numpy import load_file
+    d = Path(adapter_dir)
+    cfg_path, w_path = d / CONFIG, d / WEIGHTS
+    for p in (cfg_path, w_path):
+        if not p.is_file():
+            raise ModelError(f"{p}: adapter file not found")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{cfg_path}: not valid JSON ({e})") from None
+    try:
+        tensors = load_file(str(w_path))
+    except Exception as e:  # safetensors raises its own error types on damaged files
+        raise ModelError(f"{w_path}: cannot read adapter weights ({e})") from None
+    return cfg, tensors
+
+
+def _strip(key):
+    key = key[len(PREFIX):] if key.startswith(PREFIX) else key
+    return key.replace(".default.", ".")  # keys saved with an adapter name
+
+
+def load_adapter(model, adapter_dir):
+    """Load a PEFT-format adapter (ours or PEFT's) into `model`, applying LoRA if needed."""
+    from .inject import apply_lora
+    cfg, tensors = read_adapter(adapter_dir)
+    weights = {}
+    for key, value in tensors.items():
+        k = _strip(key)
+        if k.endswith(".lora_magnitude_vector.weight"):
+            k = k[: -len(".weight")]
+        weights[k] = value
+    paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights})
+    if not _lora_layers(model):
+        targets = cfg.get("target_modules") or sorted({p.rsplit(".", 1)[-1] for p in paths})
+        apply_lora(model, {"rank": cfg.get("r", 8), "alpha": cfg.get("lora_alpha", 8),
+                           "targets": targets if isinstance(targets, list) else targets,
+                           "rank_pattern": _anchored(cfg.get("rank_pattern")),
+                           "alpha_pattern": _anchored(cfg.get("alpha_pattern")),
+                           "layers": cfg.get("layers_to_transform"),
+                           "use_rslora": cfg.get("use_rslora", False),
+                           "use_dora": cfg.get("use_dora", False), "dropout": 0.0})
+    for path in paths:
+        _assign(model, path, weights, adapter_dir)
+    return model
+
+
+def _anchored(patterns):
+    return {rf"(^|\.){k}$": v for k, v in (patterns or {}).items()}
+
+
+def _assign(model, path, weights, adapter_dir):
+    try:
+        layer = model.get_module(path)
+    except (AttributeError, IndexError, ValueError):
+        raise ModelError(f"{adapter_dir}: adapter has weights for {path!r}, which this model "
+                         "does not have") from None
+    if not isinstance(layer, LoraLinear):
+        raise ModelError(f"{adapter_dir}: {path} has adapter weights but no adapter layer")
+    for name, attr in (("lora_A.weight", "lora_A"), ("lora_B.weight", "lora_B"),
+                       ("lora_magnitude_vector", "lora_magnitude_vector")):
+        value = weights.get(f"{path}.{name}")
+        if value is None:
+            continue
+        cur = getattr(layer, attr)
+        if cur is None or tuple(cur.shape) != tuple(value.shape):
+            want = None if cur is None else tuple(cur.shape)
+            raise ModelError(f"{adapter_dir}: {path}.{name} has shape {tuple(value.shape)}, "
+                             f"the model's adapter needs {want}")
+        cur.data[...] = cur.device.xp.asarray(value, dtype=np.float32)

@@ -1,0 +1,163 @@
+"""SmolLM2-135M prefill and KV-cache decode: packed GGUF Q4_1 vs the same model in float32 (JSON).
+
+Phase 1 times both variants (tracemalloc off, it slows small allocations) and reads the memory
+tracker; phase 2 repeats a short run under tracemalloc as the independent memory measure.
+Usage: python bench/forward.py [--prefill 512] [--decode 128] [--reps 2] [--profile N] [--threads N]
+"""
+import argparse
+import cProfile
+import gc
+import io
+import json
+import os
+import pstats
+import sys
+import time
+import tracemalloc
+
+if "--threads" in sys.argv[:-1]:  # thread pools are sized when numpy / numba load
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[_var] = sys.argv[sys.argv.index("--threads") + 1]
+
+import numpy as np  # noqa: E402
+
+from packlora import Device  # noqa: E402
+from packlora.autodiff import without_autodiff  # noqa: E402
+from packlora.models import KVCache, load_model  # noqa: E402
+from packlora.nn import Embedding, Linear, PackedLinear  # noqa: E402
+from packlora.tensor import Tensor  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+MB = 1 << 20
+
+
+def densify(model):
+    """Replace every packed weight (linears and the embedding table) by a float32 Tensor."""
+    mem = model.device.memory
+    with mem.category("base_other"):
+        for name, mod in list(model.named_modules()):
+            if isinstance(mod, PackedLinear):
+                w = Tensor(np.asarray(mod.weight.dequantize(), np.float32), model.device)
+                model.set_module(name, Linear(w, mod.bias))
+        emb = model.model.embed_tokens
+        if emb.packed:
+            table = Tensor(np.asarray(emb.weight.dequantize(), np.float32), model.device)
+            model.model.embed_tokens = Embedding(table)
+    gc.collect()
+    return model
+
+
+def weight_bytes(model):
+    mem = model.device.memory
+    return mem.current["base_packed"] + mem.current["base_other"]
+
+
+def run(model, ids, n_decode):
+    """(prefill seconds, decode seconds) of one prompt + n_decode greedy tokens."""
+    cache = KVCache(model.config, model.device, 1, ids.shape[1] + n_decode)
+    with without_autodiff():
+        t0 = time.perf_counter()
+        logits = model.next_logits(ids, cache)
+        t1 = time.perf_counter()
+        for _ in range(n_decode):
+            nxt = int(np.argmax(logits.numpy()[0]))
+            logits = model.next_logits(np.asarray([[nxt]]), cache)
+        t2 = time.perf_counter()
+    return t1 - t0, t2 - t1
+
+
+def measure(model, ids, n_decode, reps):
+    """Best-of-reps speeds and the tracker's weight / run-peak bytes."""
+    mem = model.device.memory
+    run(model, ids[:, :16], 2)  # warm-up: kernels compiled and loaded
+    mem.reset_peak()
+    prefill, decode = [], []
+    for _ in range(reps):
+        p, d = run(model, ids, n_decode)
+        prefill.append(p)
+        decode.append(d)
+    return {"prefill_tokens_per_s": round(ids.shape[1] / min(prefill), 1),
+            "decode_tokens_per_s": round(n_decode / min(decode), 2),
+            "prefill_s": [round(x, 3) for x in prefill], "decode_s": [round(x, 3) for x in decode],
+            "tracked_weights_mb": round(weight_bytes(model) / MB, 1),
+            "tracked_run_peak_mb": round(mem.total_peak / MB, 1),
+            "tracked_peak_by_category_mb": {k: round(v / MB, 1) for k, v in mem.peak.items() if v}}
+
+
+def tracemalloc_phase(ids, n_decode):
+    """Weights and run peak of both variants as tracemalloc sees them (bytes numpy allocated)."""
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    model = load_model(MODEL, device=Device.cpu())
+    out = {}
+    for variant in ("packed_q4_1", "float32"):
+        if variant == "float32":
+            densify(model)
+        gc.collect()
+        loaded = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        run(model, ids, n_decode)
+        peak = tracemalloc.get_traced_memory()[1]
+        out[variant] = {"weights_mb": round((loaded - base) / MB, 1),
+                        "run_peak_mb": round((peak - base) / MB, 1)}
+    tracemalloc.stop()
+    return out
+
+
+def profile_decode(model, ids, steps):
+    """Top functions by cumulative time over `steps` decode tokens (cProfile)."""
+    cache = KVCache(model.config, model.device, 1, ids.shape[1] + steps + 1)
+    with without_autodiff():
+        model.next_logits(ids, cache)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(steps):
+            model.next_logits(np.asarray([[1]]), cache)
+        prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+    return buf.getvalue()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--profile", type=int, default=0, help="cProfile N decode steps per variant")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="BLAS and Numba threads (default: the libraries' own choice)")
+    args = ap.parse_args()
+    model = load_model(MODEL, device=Device.cpu())
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, args.prefill))
+    import numba
+    result = {"model": MODEL, "prefill_tokens": args.prefill, "decode_tokens": args.decode,
+              "threads": numba.get_num_threads(), "load_average": os.getloadavg()[0]}
+    profiles = {}
+    result["packed_q4_1"] = measure(model, ids, args.decode, args.reps)
+    if args.profile:
+        profiles["packed_q4_1"] = profile_decode(model, ids[:, :32], args.profile)
+    result["float32"] = measure(densify(model), ids, args.decode, args.reps)
+    if args.profile:
+        profiles["float32"] = profile_decode(model, ids[:, :32], args.profile)
+    del model
+    result["tracemalloc"] = tracemalloc_phase(ids[:, :args.prefill], 8)
+    p, f = result["packed_q4_1"], result["float32"]
+    tm = result["tracemalloc"]
+    result["ratios"] = {
+        "prefill_speed_packed_over_f32": round(p["prefill_tokens_per_s"] / f["prefill_tokens_per_s"], 3),
+        "decode_speed_packed_over_f32": round(p["decode_tokens_per_s"] / f["decode_tokens_per_s"], 3),
+        "tracked_peak_packed_over_f32": round(p["tracked_run_peak_mb"] / f["tracked_run_peak_mb"], 3),
+        "tracemalloc_peak_packed_over_f32": round(tm["packed_q4_1"]["run_peak_mb"]
+                                                  / tm["float32"]["run_peak_mb"], 3)}
+    result["targets"] = {"prefill >= 0.9": result["ratios"]["prefill_speed_packed_over_f32"] >= 0.9,
+                         "decode >= 1.2": result["ratios"]["decode_speed_packed_over_f32"] >= 1.2,
+                         "peak <= 0.35": result["ratios"]["tracked_peak_packed_over_f32"] <= 0.35}
+    print(json.dumps(result, indent=2))
+    for name, text in profiles.items():
+        print(f"\n# decode profile, {name}\n{text}")
+
+
+if __name__ == "__main__":
+    main()

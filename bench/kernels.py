@@ -1,0 +1,151 @@
+"""Packed-weight matmul time ÷ dense float32 BLAS time, and extra memory, as one JSON document.
+
+Usage: python bench/kernels.py [--quick] [--formats nf4,q4_0] [--ms 1,8,512]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+import tracemalloc
+
+import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
+import numpy as np
+from numba import get_num_threads
+
+from packlora import Device
+from packlora.kernels import linear_bwd, linear_fwd
+from packlora.kernels.cpu import ops as cpu_ops
+from packlora.quant import DYNAMIC_MAP, PackedWeight
+
+SHAPES = {  # name -> (N, K)
+    "smol.q_o": (576, 576), "smol.kv": (192, 576), "smol.up": (1536, 576),
+    "smol.down": (576, 1536), "llama.attn": (4096, 4096), "llama.up": (11008, 4096),
+    "llama.down": (4096, 11008),
+}
+QUICK_SHAPES = ("smol.q_o", "smol.up", "llama.attn", "llama.up")
+FORMATS = ("nf4", "nf4+dq", "fp4", "int8", "q4_0", "q4_1", "q8_0")
+QUICK_FORMATS = ("nf4", "nf4+dq", "int8", "q4_0", "q8_0")
+MS = (1, 8, 64, 512, 2048)
+GGML_BPB = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+
+
+def random_packed(fmt, N, K, rng):
+    """A packed weight with random codes (timing does not depend on the values)."""
+    dq = fmt.endswith("+dq")
+    fmt = fmt.removesuffix("+dq")
+    numel = N * K
+    if fmt in GGML_BPB:
+        bpb = GGML_BPB[fmt]
+        blocks = rng.integers(0, 256, (N, K // 32, bpb), dtype=np.uint8)
+        scale = np.array([0.01, -0.5], np.float16).view(np.uint8)
+        blocks[:, :, 0:2] = scale[0:2]
+        if fmt == "q4_1":
+            blocks[:, :, 2:4] = scale[2:4]
+        return PackedWeight(fmt, (N, K), {"blocks": blocks.reshape(N, -1)}, 32, False)
+    nb = -(-numel // 64)
+    if fmt == "int8":
+        codes = rng.integers(-127, 128, numel, dtype=np.int8)
+    else:
+        codes = rng.integers(0, 256, -(-numel // 2), dtype=np.uint8)
+    bufs = {"codes": codes}
+    if dq:
+        bufs.update(absmax_q=rng.integers(0, 256, nb, dtype=np.uint8),
+                    absmax_code=np.asarray(DYNAMIC_MAP, np.float32),
+                    absmax_scale=rng.random(-(-nb // 256), dtype=np.float32),
+                    absmax_offset=np.ones(1, np.float32))
+    else:
+        bufs["absmax"] = rng.random(nb, dtype=np.float32) + 0.5
+    return PackedWeight(fmt, (N, K), bufs, 64, dq)
+
+
+def median_time(fn, budget_s=0.4, min_reps=3, max_reps=9):
+    fn()  # warm-up (compilation, page faults of the output)
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_reps or (len(times) < max_reps and time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def peak_extra(fn, out_bytes):
+    """tracemalloc peak during one call (output allocated inside) minus the output."""
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return max(0, peak - out_bytes)
+
+
+def bench_shape(name, N, K, ms, formats, dev, rng):
+    Wd = rng.standard_normal((N, K), dtype=np.float32)
+    weights = {f: random_packed(f, N, K, rng) for f in formats}
+    rows = []
+    for M in ms:
+        x = rng.standard_normal((M, K), dtype=np.float32)
+        dy = rng.standard_normal((M, N), dtype=np.float32)
+        y = np.empty((M, N), np.float32)
+        dx = np.empty((M, K), np.float32)
+        dense_f = median_time(lambda: np.matmul(x, Wd.T, out=y))
+        dense_b = median_time(lambda: np.matmul(dy, Wd, out=dx))
+        for f, w in weights.items():
+            fwd = median_time(lambda: linear_fwd(x, w, device=dev, out=y))
+            bwd = median_time(lambda: linear_bwd(dy, w, device=dev, out=dx))
+            rows.append({
+                "shape": name, "N": N, "K": K, "M": M, "format": f,
+                "fwd_path": "fused" if M <= cpu_ops.FUSED_MAX_M else "tiled",
+                "bwd_path": "fused" if M <= cpu_ops.FUSED_MAX_M_BWD else "tiled",
+                "fwd_ratio": round(fwd / dense_f, 3), "bwd_ratio": round(bwd / dense_b, 3),
+                "dense_fwd_ms": round(dense_f * 1e3, 3), "dense_bwd_ms": round(dense_b * 1e3, 3),
+                "fwd_peak_extra_bytes": peak_extra(lambda: linear_fwd(x, w, device=dev), M * N * 4),
+                "bwd_peak_extra_bytes": peak_extra(lambda: linear_bwd(dy, w, device=dev), M * K * 4),
+            })
+    return rows
+
+
+def targets(rows):
+    """Which rows meet ≤ 1.15× dense at M ≥ 256 and ≤ 1.0× dense at M ≤ 8."""
+    out = {}
+    for label, pick, limit in (("M>=256 <=1.15x", lambda r: r["M"] >= 256, 1.15),
+                               ("M<=8 <=1.0x", lambda r: r["M"] <= 8, 1.0)):
+        sel = [r for r in rows if pick(r)]
+        ratios = [v for r in sel for v in (r["fwd_ratio"], r["bwd_ratio"])]
+        out[label] = {
+            "met": sum(v <= limit for v in ratios), "of": len(ratios),
+            "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
+            "worst": max(ratios) if ratios else None,
+        }
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="a small subset (no M=2048 Llama shapes)")
+    ap.add_argument("--formats", default=None, help="comma-separated subset of " + ",".join(FORMATS))
+    ap.add_argument("--ms", default=None, help="comma-separated batch sizes")
+    args = ap.parse_args(argv)
+    formats = args.formats.split(",") if args.formats else (QUICK_FORMATS if args.quick else FORMATS)
+    ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else MS
+    names = QUICK_SHAPES if args.quick else tuple(SHAPES)
+    dev = Device.cpu()
+    rng = np.random.default_rng(0)
+    rows = []
+    for name in names:
+        N, K = SHAPES[name]
+        shape_ms = [m for m in ms if not (args.quick and m >= 2048 and name.startswith("llama"))]
+        rows += bench_shape(name, N, K, shape_ms, formats, dev, rng)
+    doc = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "numba_threads": get_num_threads(), "fused_max_m": [cpu_ops.FUSED_MAX_M, cpu_ops.FUSED_MAX_M_BWD],
+                    "scratch_cap_bytes": dev.scratch_cap},
+        "results": rows,
+        "targets": targets(rows),
+    }
+    print(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()

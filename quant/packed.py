@@ -1,0 +1,137 @@
+"""PackedWeight: a quantized weight as its raw buffers (numpy or cupy) plus format and shape."""
+import importlib
+import math
+
+import numpy as np
+
+from ..errors import QuantError
+from .blockwise import dequantize_absmax, dequantize_blockwise
+from .formats import (
+    GGUF_FORMATS,
+    buffer_spec,
+    check_double_quant,
+    check_format,
+    check_shape,
+    resolve_block_size,
+)
+from .ggml import dequantize_ggml
+
+
+def array_module(arr):
+    """numpy for numpy arrays (memmaps included), else the array's own package (cupy)."""
+    if isinstance(arr, np.ndarray):
+        return np
+    return importlib.import_module(type(arr).__module__.split(".")[0])
+
+
+def to_host(arr):
+    """A numpy view/copy of a numpy or cupy array (or anything np.asarray takes)."""
+    if isinstance(arr, np.ndarray):
+        return arr
+    return arr.get() if hasattr(arr, "__cuda_array_interface__") else np.asarray(arr)
+
+
+class PackedWeight:
+    """A packed weight: format, logical shape, block_size, double_quant and its buffers.
+
+    The buffers follow the exact layouts of `formats.buffer_spec` (4-bit codes first element in
+    the high nibble; GGUF blocks as stored in the file), which the kernels index directly.
+    """
+
+    def __init__(self, format, shape, buffers, block_size, double_quant=False):
+        fmt = check_format(format)
+        self.format = fmt
+        self.block_size = resolve_block_size(fmt, block_size)
+        self.double_quant = check_double_quant(fmt, double_quant)
+        self.shape = check_shape(fmt, shape)
+        self.buffers = dict(buffers)
+        self._validate()
+
+    def _validate(self):
+        spec = buffer_spec(self.format, self.shape, self.block_size, self.double_quant)
+        if set(spec) != set(self.buffers):
+            raise QuantError(f"{self.format} weight of shape {self.shape} needs buffers "
+                             f"{sorted(spec)}, got {sorted(self.buffers)}")
+        for key, (dtype, shape) in spec.items():
+            buf = self.buffers[key]
+            if np.dtype(buf.dtype) != dtype or tuple(buf.shape) != shape:
+                raise QuantError(f"{self.format} buffer {key!r} must be {dtype} {shape}, got "
+                                 f"{np.dtype(buf.dtype)} {tuple(buf.shape)}")
+        modules = {array_module(b).__name__ for b in self.buffers.values()}
+        if len(modules) != 1:
+            raise QuantError(f"buffers of one PackedWeight live on mixed backends: {modules}")
+
+    # -- construction from GGUF files ----------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, tensor_type_name, shape, raw):
+        """Wrap raw GGUF block bytes (N, nb*BPB) uint8, e.g. a read-only memmap, without copying.
+
+        tensor_type_name: "Q4_0" / "Q4_1" / "Q8_0" (or a GGMLQuantizationType); shape: (N, K).
+        """
+        type_name = str(getattr(tensor_type_name, "name", tensor_type_name)).lower()
+        if type_name not in GGUF_FORMATS:
+            raise QuantError(f"GGUF tensor type {tensor_type_name!r} cannot be kept packed; "
+                             f"supported: {', '.join(t.upper() for t in GGUF_FORMATS)}")
+        shape = check_shape(type_name, shape)
+        (dtype, want), = buffer_spec(type_name, shape, 32).values()
+        if not isinstance(raw, np.ndarray) or raw.dtype != dtype:
+            raise QuantError(f"GGUF {type_name.upper()} data must be a uint8 numpy array, got "
+                             f"{type(raw).__name__} {getattr(raw, 'dtype', '')}")
+        if raw.size != math.prod(want):
+            raise QuantError(f"GGUF {type_name.upper()} tensor of shape {shape} needs "
+                             f"{math.prod(want)} bytes, got {raw.size}")
+        if raw.shape != want:
+            if not raw.flags.c_contiguous:
+                raise QuantError(f"GGUF {type_name.upper()} data of shape {raw.shape} is not "
+                                 f"contiguous; cannot view it as {want} without a copy")
+            raw = raw.reshape(want)
+        return cls(type_name, shape, {"blocks": raw}, 32)
+
+    # -- properties ------------------------------------------------------------------------------
+    @property
+    def nbytes(self):
+        return int(sum(b.nbytes for b in self.buffers.values()))
+
+    @property
+    def xp(self):
+        return array_module(next(iter(self.buffers.values())))
+
+    @property
+    def numel(self):
+        return math.prod(self.shape)
+
+    @property
+    def bits_per_weight(self):
+        return self.nbytes * 8 / self.numel
+
+    # -- conversions -----------------------------------------------------------------------------
+    def dequantize(self):
+        """float32 numpy array of `shape` (the test oracle and merge path)."""
+        host = {k: to_host(v) for k, v in self.buffers.items()}
+        if self.format in GGUF_FORMATS:
+            return dequantize_ggml(host["blocks"], self.format, self.shape)
+        absmax = to_host(dequantize_absmax(_HostView(self, host)))
+        return dequantize_blockwise(self.format, self.shape, host, absmax, self.block_size)
+
+    def to_device(self, dev):
+        """This weight with every buffer moved by `dev.xp.asarray`, tracked as base_packed."""
+        moved = {}
+        for key, buf in self.buffers.items():
+            moved[key] = dev.xp.asarray(buf)
+            dev.memory.track(moved[key], "base_packed")
+        return PackedWeight(self.format, self.shape, moved, self.block_size, self.double_quant)
+
+    def __repr__(self):
+        dq = ", double_quant" if self.double_quant else ""
+        block = "" if self.format in GGUF_FORMATS else f", block_size={self.block_size}"
+        return (f"PackedWeight({self.format}, shape={self.shape}{block}{dq}, "
+                f"{self.nbytes / 2**20:.2f} MiB, {self.bits_per_weight:.3f} bits/weight, "
+                f"{self.xp.__name__})")
+
+
+class _HostView:
+    """The attributes dequantize_absmax reads, over host copies of a weight's buffers."""
+
+    def __init__(self, pw, buffers):
+        self.format, self.buffers, self.xp = pw.format, buffers, np
+

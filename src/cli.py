@@ -1,0 +1,145 @@
+"""The packlora command line: a thin layer over the Python API."""
+import argparse
+import json
+import sys
+
+from .errors import PackloraError
+
+
+def _cmd_finetune(a):
+    from .finetune import finetune
+    res = finetune(a.config, a.overrides, progress=not a.quiet)
+    last = res.history[-1] if res.history else {}
+    print(json.dumps({"output_dir": str(res.output_dir), "steps": len(res.history),
+                      "final_loss": last.get("loss"), "eval_loss": last.get("eval_loss")}))
+
+
+def _load(a, autodiff=False):
+    from .adapters import load_adapter
+    from .device import Device
+    from .models import load_model
+    dev = Device.parse(a.device)
+    model = load_model(a.model, dev, quant=a.quant)
+    if getattr(a, "adapter", None):
+        load_adapter(model, a.adapter)
+    return model
+
+
+def _cmd_generate(a):
+    from .generate import generate
+    model = _load(a)
+    prompt = [{"role": "user", "content": a.prompt}] if not a.no_chat else a.prompt
+    print(generate(model, prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                   top_p=a.top_p, top_k=a.top_k, seed=a.seed))
+
+
+def _cmd_eval(a):
+    from .evaluate import exact_match
+    model = _load(a)
+    show = (lambda got, want, ok: print(("OK  " if ok else "BAD ") + got, flush=True)) \
+        if a.verbose else None
+    print(json.dumps(exact_match(model, a.data, a.max_new_tokens, a.limit, show)))
+
+
+def _cmd_merge(a):
+    from .export import export_model
+    out = export_model(a.model, a.out, adapter=a.adapter, dtype=a.dtype, quantize=a.quantize)
+    print(f"wrote {out}")
+
+
+def _cmd_quantize(a):
+    from .export import export_model
+    out = export_model(a.source, a.out_dir, quantize=a.format, block_size=a.block_size,
+                       double_quant=a.double_quant)
+    print(f"wrote {out}")
+
+
+def _cmd_inspect(a):
+    from .inspect_model import inspect_report
+    print(json.dumps(inspect_report(a.model, a.quant), indent=2) if a.json
+          else inspect_report(a.model, a.quant, text=True))
+
+
+def _cmd_memory_report(a):
+    from .memory_report import run_memory_report
+    run_memory_report(a)
+
+
+def _model_args(p, adapter=True):
+    p.add_argument("--model", required=True, help="model name, HF folder or .gguf file")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--quant", default=None, help="nf4 (default), fp4, int8, q4_0, q4_1, q8_0, none")
+    if adapter:
+        p.add_argument("--adapter", default=None, help="PEFT-format adapter folder")
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="packlora", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("finetune", help="fine-tune from a YAML config")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=_cmd_finetune)
+    p = sub.add_parser("memory-report", help="plan (and measure) the memory of a run")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--measure", action="store_true")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", default=None)
+    p.set_defaults(fn=_cmd_memory_report)
+    p = sub.add_parser("generate", help="generate text")
+    _model_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(fn=_cmd_generate)
+    p = sub.add_parser("eval", help="held-out exact match on a chat JSONL file")
+    _model_args(p)
+    p.add_argument("--data", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--verbose", action="store_true")
+    p.set_defaults(fn=_cmd_eval)
+    p = sub.add_parser("merge", help="merge an adapter into the base and write an HF folder")
+    p.add_argument("--model", required=True)
+    p.add_argument("--adapter", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--quantize", default=None, help="write packed weights in this format")
+    p.set_defaults(fn=_cmd_merge)
+    p = sub.add_parser("quantize", help="write a packed model that loads without re-quantizing")
+    p.add_argument("source")
+    p.add_argument("out_dir")
+    p.add_argument("--format", default="nf4")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None)
+    p.set_defaults(fn=_cmd_quantize)
+    p = sub.add_parser("inspect", help="architecture, parameters, tensor formats, bytes")
+    p.add_argument("model")
+    p.add_argument("--quant", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_inspect)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except PackloraError as e:
+        print(f"packlora: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("packlora: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Export a model (optionally with an adapter merged in) as a Hugging Face folder, float or
+packed, streaming one tensor at a time so peak memory stays near one dense layer."""
+import json
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ModelError
+from .fileio import atomic_path, write_json
+from .models.resolve import resolve_source
+from .models.sources import PACKED_FILE, open_source
+
+_DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
+           "bfloat16": ("BF16", None)}
+_LINEAR_RE = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _to_dtype(a, dtype):
+    if dtype == "bfloat16":  # round to nearest even, keep the high 16 bits
+        bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.ascontiguousarray(a, dtype=_DTYPES[dtype][1])
+
+
+class StreamingSafetensors:
+    """Writes a safetensors file whose header is known up front, one tensor at a time."""
+
+    def __init__(self, f, entries, metadata=None):
+        header, offset = {}, 0
+        for name, dtype, shape in entries:
+            size = int(np.prod(shape)) * (4 if dtype == "F32" else 2)
+            header[name] = {"dtype": dtype, "shape": list(shape),
+                            "data_offsets": [offset, offset + size]}
+            offset += size
+        if metadata:
+            header["__metadata__"] = metadata
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        self.order = [e[0] for e in entries]
+        self.f = f
+        f.write(struct.pack("<Q", len(raw)) + raw)
+
+    def write(self, name, array):
+        expected = self.order.pop(0)
+        if name != expected:
+            raise ValueError(f"tensors must be written in header order: got {name}, "
+                             f"want {expected}")
+        self.f.write(np.ascontiguousarray(array).tobytes())
+
+
+class _Adapter:
+    """Adapter deltas by module path, read from a PEFT-format folder."""
+
+    def __init__(self, adapter_dir):
+        from .adapters.peft_io import _strip, read_adapter
+        cfg, tensors = read_adapter(adapter_dir)
+        self.cfg = cfg
+        self.w = {_strip(k).removesuffix(".weight"): v for k, v in tensors.items()}
+
+    def scale(self, path, rank):
+        alpha = self.cfg.get("lora_alpha", rank)
+        for pat, val in (self.cfg.get("alpha_pattern") or {}).items():
+            if re.search(rf"(^|\.){pat}$", path):
+                alpha = val
+        return alpha / (np.sqrt(rank) if self.cfg.get("use_rslora") else rank)
+
+    def apply(self, path, w):
+        a, b = self.w.pop(f"{path}.lora_A", None), self.w.pop(f"{path}.lora_B", None)
+        if a is None:
+            return w
+        w = w + self.scale(path, a.shape[0]) * (b.astype(np.float32) @ a.astype(np.float32))
+        mag = self.w.pop(f"{path}.lora_magnitude_vector", None)
+        if mag is not None:  # DoRA: rescale each output row to its learned magnitude
+            w *= (mag / np.linalg.norm(w, axis=1))[:, None]
+        return w
+
+
+def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
+                 block_size=None, double_quant=None):
+    """Write `source` (+ merged adapter) to out_dir: config.json, tokenizer, and either
+    model.safetensors in `dtype` or, with `quantize` set, model.packed.safetensors."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    src = open_source(resolve_source(source))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    delta = _Adapter(adapter) if adapter else None
+    names = sorted(src.names())
+    if quantize:
+        _write_packed(src, names, out, delta, quantize, block_size, double_quant)
+    else:
+        _write_dense(src, names, out, delta, dtype)
+    if delta is not None and delta.w:
+        raise ModelError(f"{adapter}: adapter weights for modules the model lacks: "
+                         f"{sorted(delta.w)[:3]}")
+    write_json(out / "config.json", src.config.to_hf_dict())
+    tok = src.tokenizer
+    if tok is not None:
+        tok.save(out)
+    return out
+
+
+def _float_tensor(src, name, delta):
+    value = src.get(name)
+    w = value.dequantize() if hasattr(value, "dequantize") else np.asarray(value, np.float32)
+    if delta is not None and name.endswith(".weight"):
+        w = delta.apply(name[: -len(".weight")], w)
+    return w
+
+
+def _write_dense(src, names, out, delta, dtype):
+    code = _DTYPES[dtype][0]
+    shapes = {n: _shape_of(src, n) for n in names}
+    with atomic_path(out / "model.safetensors", ".safetensors") as tmp, open(tmp, "wb") as f:
+        writer = StreamingSafetensors(f, [(n, code, shapes[n]) for n in names], {"format": "pt"})
+        for n in names:
+            writer.write(n, _to_dtype(_float_tensor(src, n, delta), dtype))
+
+
+def _shape_of(src, name):
+    from .models.sources import GGUFSource, HFSource
+    if isinstance(src, HFSource):
+        return src.folder.tensor_info(name)[1]
+    if isinstance(src, GGUFSource):
+        from .models.gguf_file import gguf_name
+        return src.file.tensor(gguf_name(name))[1]
+    return tuple(src.tensors[name].shape)
+
+
+def _write_packed(src, names, out, delta, fmt, block_size, double_quant):
+    from .quant import quantize as quantize_fn
+    from .quant import save_packed
+    if double_quant is None:
+        double_quant = fmt in ("nf4", "fp4")
+    tensors = {}
+    for n in names:
+        w = _float_tensor(src, n, delta)
+        if _LINEAR_RE.search(n):
+            w = quantize_fn(w, fmt, block_size=block_size, double_quant=double_quant, name=n)
+        tensors[n] = w
+    save_packed(out / PACKED_FILE, tensors, {"format": "packlora"})

@@ -1,0 +1,62 @@
+"""Atomic file writes: temp file in the same folder, fsync, rename — a crash leaves the old file."""
+import contextlib
+import json
+import os
+import tempfile
+
+
+@contextlib.contextmanager
+def atomic_path(path, suffix=""):
+    """Yields a temp path next to `path`; on success it is fsynced and renamed over `path`.
+    On any error the temp file is removed and `path` is untouched."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _fsync_dir(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_text(path, text):
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def save_safetensors(path, arrays, metadata=None):
+    """numpy arrays -> a safetensors file, atomically."""
+    from safetensors.numpy import save_file
+    with atomic_path(path, ".safetensors") as tmp:
+        save_file({k: _host(v) for k, v in arrays.items()}, tmp, metadata=metadata)
+
+
+def _host(a):
+    import numpy as np
+    a = a.get() if hasattr(a, "get") else a
+    return np.ascontiguousarray(a)

@@ -1,0 +1,67 @@
+"""finetune: one RunConfig (or YAML path) -> a trained adapter in output_dir."""
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .adapters import apply_lora, save_adapter
+from .config import RunConfig, load_config, parse_config
+from .data import build_datasets
+from .device import Device
+from .errors import ConfigError
+from .fileio import write_text
+from .models import load_model
+from .trainer import train
+
+_RUN_FILES = ("metrics.jsonl", "checkpoints", "adapter_model.safetensors", "run_config.yaml")
+
+
+@dataclass
+class FinetuneResult:
+    model: object
+    history: list
+    output_dir: Path
+    data_stats: object
+
+
+def resolve_config(config_or_path, overrides=()):
+    if isinstance(config_or_path, RunConfig):
+        if overrides:
+            return parse_config(config_or_path.model_dump(), overrides, "<RunConfig>")
+        return config_or_path
+    if isinstance(config_or_path, dict):
+        return parse_config(config_or_path, overrides)
+    return load_config(config_or_path, overrides)
+
+
+def prepare_output_dir(cfg):
+    """Refuse to mix two runs in one folder unless resuming or overwriting."""
+    out = Path(cfg.output_dir)
+    existing = [n for n in _RUN_FILES if (out / n).exists()]
+    if existing and cfg.resume is None:
+        if not cfg.overwrite:
+            raise ConfigError(f"output_dir: {out} already holds a run ({', '.join(existing)}); "
+                              "set resume: auto to continue it, or overwrite: true to replace it")
+        for name in existing:
+            p = out / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def finetune(config_or_path, overrides=(), progress=True):
+    """Run a fine-tune from a YAML path, a dict or a RunConfig. Returns a FinetuneResult."""
+    cfg = resolve_config(config_or_path, overrides)
+    out = prepare_output_dir(cfg)
+    device = Device.parse(cfg.device).autodiff()
+    device.seed(cfg.train.seed)
+    model = load_model(cfg.model, device, quant=cfg.quant)
+    apply_lora(model, cfg.lora)
+    train_ex, valid_ex, stats = build_datasets(cfg.data, model.tokenizer, cfg.train.seed)
+    write_text(out / "run_config.yaml", cfg.to_yaml())
+    if progress:
+        print(f"packlora: {len(train_ex)} training examples, "
+              f"{len(valid_ex) if valid_ex else 0} validation; {stats.as_dict()}", flush=True)
+    history = train(model, train_ex, cfg.train, valid_ex, out, cfg.resume,
+                    model.tokenizer.pad_token_id, progress)
+    save_adapter(model, out)
+    return FinetuneResult(model, history, out, stats)

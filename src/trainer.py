@@ -1,0 +1,152 @@
+"""The training loop: AdamW steps over batches, accumulation, clipping, eval, checkpoints, logs."""
+import math
+import time
+
+import numpy as np
+
+from .autodiff import without_autodiff
+from .checkpoints import find_resume, load_checkpoint, save_checkpoint
+from .data import Batches, count_targets
+from .errors import TrainingError
+from .metrics import MetricsLog, Progress
+from .optim import AdamW, clip_grad_norm
+from .schedule import Schedule
+
+
+def evaluate(model, examples, batch_size, pad_id=0, chunk=256):
+    """Mean loss per target token over `examples` (no gradients recorded)."""
+    batches = Batches(examples, batch_size, shuffle=False, pad_id=pad_id)
+    total, count = 0.0, 0
+    with without_autodiff(), model.device.memory.category("activations"):
+        for ids, labels in batches.epoch_batches():
+            n = int((labels != -100).sum())
+            if n:
+                total += model.target_loss(ids, labels, chunk=chunk).item() * n
+                count += n
+    return total / max(count, 1)
+
+
+def _memory_record(mem):
+    return {"mem_peak": {c: int(v) for c, v in mem.peak.items() if v},
+            "mem_tracked_peak": int(mem.total_peak)}
+
+
+class Trainer:
+    """Runs `cfg` (a TrainConfig) on a model with LoRA adapters applied."""
+
+    def __init__(self, model, train_examples, cfg, valid=None, output_dir=None, pad_id=0,
+                 progress=True):
+        self.model, self.cfg, self.valid = model, cfg, valid
+        self.output_dir, self.pad_id = output_dir, pad_id
+        self.device = model.device
+        params = model.trainable()
+        if not params:
+            raise TrainingError("nothing to train: no parameter requires grad (apply_lora first)")
+        self.opt = AdamW(params, cfg.lr, tuple(cfg.betas), cfg.eps, cfg.weight_decay)
+        self.batches = Batches(train_examples, cfg.batch_size, seed=cfg.seed, pad_id=pad_id)
+        steps_per_epoch = max(1, math.ceil(len(self.batches) / cfg.grad_accum))
+        self.total = cfg.total_steps(steps_per_epoch)
+        self.schedule = Schedule(cfg.schedule, cfg.lr, self.total, cfg.warmup(self.total))
+        self.step = 0
+        self.progress_enabled = progress
+        model.grad_checkpointing = bool(cfg.grad_checkpointing)
+
+    # -- state --------------------------------------------------------------------------------
+    def state(self):
+        return {"step": self.step, "epoch": self.batches.epoch, "total_steps": self.total,
+                "data": self.batches.state_dict(), "rng": self.device.rng_state(),
+                "optimizer_step": self.opt.t, "schedule": self.schedule.state_dict()}
+
+    def resume_from(self, resume):
+        path = find_resume(self.output_dir, resume) if self.output_dir else None
+        if path is None:
+            return None
+        state = load_checkpoint(path, self.model, self.opt)
+        self.batches.load_state_dict(state["data"])
+        self.device.set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        return path
+
+    # -- one optimizer step -------------------------------------------------------------------
+    def train_step(self):
+        cfg, xp, mem = self.cfg, self.device.xp, self.device.memory
+        loss_sum, tokens, targets = 0.0, 0, 0
+        for _ in range(cfg.grad_accum):
+            ids, labels = next(self.batches)
+            tokens += int(ids.size)
+            targets += int((labels != -100).sum())
+            with mem.category("activations"):
+                loss = self.model.target_loss(ids, labels, chunk=cfg.loss_chunk)
+                value = loss.item()
+                if not math.isfinite(value):
+                    raise TrainingError(self._bad_loss_message(value))
+                loss.backward(xp.asarray(1.0 / cfg.grad_accum, dtype=np.float32))
+            loss_sum += value
+        norm = clip_grad_norm(self.opt.params, cfg.max_grad_norm)
+        if not math.isfinite(norm):
+            raise TrainingError(self._bad_loss_message(f"gradient norm {norm}"))
+        lr = self.schedule(self.step + 1)
+        with mem.category("optimizer"):
+            self.opt.step(lr)
+        self.opt.zero_grad()
+        self.step += 1
+        return loss_sum / cfg.grad_accum, lr, norm, tokens, targets
+
+    def _bad_loss_message(self, value):
+        where = f" in {self.output_dir}/checkpoints" if self.output_dir else ""
+        return (f"training stopped at step {self.step + 1}: the loss is {value} (not finite). "
+                f"The last good checkpoint{where} is intact; lower train.lr, set "
+                "train.max_grad_norm, or check the data")
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self, resume=None):
+        cfg = self.cfg
+        resumed = self.resume_from(resume)
+        metrics = MetricsLog(self.output_dir, truncate_after=self.step) if self.output_dir else None
+        bar = Progress(self.total, self.step, enabled=self.progress_enabled)
+        if resumed:
+            bar.log(f"resumed from {resumed} at step {self.step}")
+        history = []
+        try:
+            while self.step < self.total:
+                t0 = time.perf_counter()
+                loss, lr, norm, tokens, targets = self.train_step()
+                dt = time.perf_counter() - t0
+                rec = {"step": self.step, "epoch": self.batches.epoch, "loss": loss, "lr": lr,
+                       "grad_norm": norm, "tokens": tokens, "target_tokens": targets,
+                       "step_time_s": dt, "tokens_per_s": tokens / dt}
+                if self.valid and ((cfg.eval_every and self.step % cfg.eval_every == 0)
+                                   or self.step == self.total):
+                    rec["eval_loss"] = evaluate(self.model, self.valid, cfg.batch_size,
+                                                self.pad_id, cfg.loss_chunk)
+                rec.update(_memory_record(self.device.memory))
+                history.append(rec)
+                if metrics and (self.step % cfg.log_every == 0 or "eval_loss" in rec
+                                or self.step == self.total):
+                    metrics.write(rec)
+                bar.update(self.step, _bar_info(rec))
+                if self.output_dir and cfg.save_every and (self.step % cfg.save_every == 0
+                                                           or self.step == self.total):
+                    save_checkpoint(self.output_dir, self.step, self.model, self.opt,
+                                    self.state(), cfg.keep_last)
+        finally:
+            bar.close()
+        if metrics:
+            metrics.plot(f"{self.output_dir}/loss.png")
+        return history
+
+
+def _bar_info(rec):
+    peak = rec["mem_tracked_peak"] / 2**20
+    text = (f"loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  {rec['tokens_per_s']:.0f} tok/s  "
+            f"peak {peak:.0f} MiB")
+    if "eval_loss" in rec:
+        text += f"  eval {rec['eval_loss']:.4f}"
+    return text
+
+
+def train(model, train_examples, cfg, valid=None, output_dir=None, resume=None, pad_id=0,
+          progress=True):
+    """Train the model's adapters; returns the per-step records."""
+    trainer = Trainer(model, train_examples, cfg, valid, output_dir, pad_id, progress)
+    return trainer.run(resume)

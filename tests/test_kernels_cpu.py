@@ -1,0 +1,147 @@
+"""CPU packed-weight kernels against the float64 product with the dequantized weight."""
+import tracemalloc
+
+import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
+import numpy as np
+import pytest
+
+from packlora import Device, QuantError
+from packlora.kernels import dequantize_rows, linear_bwd, linear_fwd
+from packlora.kernels.cpu import ops as cpu_ops
+from packlora.quant import PackedWeight, quantize
+
+# (format, double_quant, block_size, shapes): shapes are ragged on purpose (K not a multiple of
+# the block, odd numel so the last byte holds a pad nibble, N=1, odd N).
+CASES = [
+    ("nf4", False, 64, [(33, 71), (1, 200)]),
+    ("nf4", True, 64, [(33, 71), (5, 520)]),
+    ("fp4", False, 64, [(9, 37)]),
+    ("fp4", True, 32, [(9, 37)]),
+    ("int8", False, 64, [(33, 71), (3, 50)]),
+    ("q4_0", None, None, [(7, 96), (1, 32)]),
+    ("q4_1", None, None, [(7, 96)]),
+    ("q8_0", None, None, [(7, 96), (4, 64)]),
+]
+PARAMS = [(f, dq, bs, s) for f, dq, bs, shapes in CASES for s in shapes]
+MS = (1, 7, 12, 64, 300)  # fused fwd+bwd, tiled fwd + fused bwd, tiled
+
+
+def _weight(fmt, dq, bs, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(shape).astype(np.float32)
+    w[0, : min(shape[1], 32)] *= 1e-5  # GGUF: fp16 scales that are subnormal
+    if shape[0] > 2:
+        w[1] = 0.0  # a zero scale
+    kwargs = {} if dq is None else {"block_size": bs, "double_quant": dq}
+    return quantize(w, fmt, **kwargs)
+
+
+def _close(got, want):
+    scale = np.abs(want).max() + 1e-30
+    err = np.abs(got.astype(np.float64) - want).max() / scale
+    assert err < 2e-5, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("fmt,dq,bs,shape", PARAMS, ids=[f"{p[0]}-dq{p[1]}-{p[3]}" for p in PARAMS])
+def test_fwd_bwd_match_dequantized(fmt, dq, bs, shape):
+    w = _weight(fmt, dq, bs, shape)
+    W = w.dequantize().astype(np.float64)  # (N, K)
+    N, K = shape
+    rng = np.random.default_rng(1)
+    dev = Device.cpu()
+    for M in MS:
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        dy = rng.standard_normal((M, N)).astype(np.float32)
+        y = linear_fwd(x, w, device=dev)
+        assert y.shape == (M, N) and y.dtype == np.float32
+        _close(y, x.astype(np.float64) @ W.T)
+        dx = linear_bwd(dy, w)
+        assert dx.shape == (M, K) and dx.dtype == np.float32
+        _close(dx, dy.astype(np.float64) @ W)
+
+
+@pytest.mark.parametrize("fmt", ["nf4", "int8", "q4_1", "q8_0"])
+def test_tiny_scratch_splits_every_axis(fmt):
+    """A 256-byte cap forces the tiled path to split K (fwd), N (bwd) and the batch."""
+    w = _weight(fmt, True if fmt == "nf4" else None, 64, (37, 96) if fmt[0] == "q" else (37, 90))
+    W = w.dequantize().astype(np.float64)
+    dev = Device.cpu()
+    old = dev.scratch_cap
+    dev.set_scratch_cap(256)
+    try:
+        x = np.random.default_rng(2).standard_normal((100, W.shape[1])).astype(np.float32)
+        dy = np.random.default_rng(3).standard_normal((100, W.shape[0])).astype(np.float32)
+        out = np.full((100, W.shape[0]), np.nan, np.float32)
+        assert linear_fwd(x, w, device=dev, out=out) is out
+        _close(out, x @ W.T)
+        _close(linear_bwd(dy, w, device=dev), dy @ W)
+    finally:
+        dev.set_scratch_cap(old)
+
+
+@pytest.mark.parametrize("fmt,dq", [("nf4", True), ("fp4", False), ("int8", False), ("q4_0", None)])
+def test_dequantize_rows(fmt, dq):
+    w = _weight(fmt, dq, 64, (11, 96))
+    W = w.dequantize()
+    out = np.empty((5, 96), np.float32)
+    assert dequantize_rows(w, 3, 8, out) is out
+    np.testing.assert_allclose(out, W[3:8], rtol=1e-6, atol=1e-7)
+    with pytest.raises(QuantError):
+        dequantize_rows(w, 8, 12, np.empty((4, 96), np.float32))
+
+
+def test_bad_shapes_name_the_tensor():
+    w = _weight("nf4", False, 64, (8, 64))
+    with pytest.raises(QuantError, match="x has shape"):
+        linear_fwd(np.zeros((2, 63), np.float32), w)
+    with pytest.raises(QuantError, match="dy has shape"):
+        linear_bwd(np.zeros((2, 9), np.float32), w)
+    with pytest.raises(QuantError, match="out"):
+        linear_fwd(np.zeros((2, 64), np.float32), w, out=np.zeros((2, 9), np.float32))
+
+
+def _big_nf4(N, K, rng):
+    numel = N * K
+    buffers = {"codes": rng.integers(0, 256, numel // 2, dtype=np.uint8),
+               "absmax": rng.random(numel // 64, dtype=np.float32) + 0.5}
+    return PackedWeight("nf4", (N, K), buffers, 64, False)
+
+
+def test_large_batch_memory_stays_within_scratch_cap():
+    """4096x4096 NF4, M=512: no more than the scratch cap beyond the output, fwd and bwd."""
+    rng = np.random.default_rng(0)
+    N = K = 4096
+    M = 512
+    w = _big_nf4(N, K, rng)
+    x = rng.standard_normal((M, K), dtype=np.float32)
+    dy = rng.standard_normal((M, N), dtype=np.float32)
+    dev = Device.cpu()
+    cap = dev.scratch_cap
+    dev.set_scratch_cap(cap)  # drop any scratch so its allocation is measured below
+    slack = 64 << 10
+    for fn, a, out_bytes in ((linear_fwd, x, M * N * 4), (linear_bwd, dy, M * K * 4)):
+        tracemalloc.start()
+        fn(a, w, device=dev)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak - out_bytes <= cap + slack, f"{fn.__name__}: {peak - out_bytes} extra bytes"
+    assert 0 < dev.memory.peak["dense_scratch"] <= cap
+    rows = dequantize_rows(w, 0, 8, np.empty((8, K), np.float32)).astype(np.float64)
+    _close(linear_fwd(x, w, device=dev)[:, :8], x.astype(np.float64) @ rows.T)
+    dy[:, 8:] = 0.0  # only the first rows of W contribute: a cheap exact reference
+    _close(linear_bwd(dy, w, device=dev), dy[:, :8].astype(np.float64) @ rows)
+
+
+def test_fused_and_tiled_paths_agree():
+    w = _weight("q4_1", None, None, (40, 64))
+    x = np.random.default_rng(4).standard_normal((16, 64)).astype(np.float32)
+    old = cpu_ops.FUSED_MAX_M, cpu_ops.FUSED_MAX_M_BWD
+    try:
+        cpu_ops.FUSED_MAX_M = cpu_ops.FUSED_MAX_M_BWD = 1000
+        fused = (linear_fwd(x, w), linear_bwd(x[:, :40].copy(), w))
+        cpu_ops.FUSED_MAX_M = cpu_ops.FUSED_MAX_M_BWD = 0
+        tiled = (linear_fwd(x, w), linear_bwd(x[:, :40].copy(), w))
+    finally:
+        cpu_ops.FUSED_MAX_M, cpu_ops.FUSED_MAX_M_BWD = old
+    for a, b in zip(fused, tiled):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,187 @@
+"""CUDA packed-linear kernels: Numba CUDA simulator (subprocess) on small shapes; cupy on a GPU."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+VARIANTS = [("nf4", False), ("nf4", True), ("fp4", False), ("fp4", True), ("int8", False),
+            ("q4_0", False), ("q4_1", False), ("q8_0", False)]
+SHAPES = [(1, 33, 96), (7, 64, 32), (9, 1, 96)]  # (M, N, K)
+# nf4/fp4/int8 only: blocks straddle rows, a tail block; odd numel (pad nibble), block 32.
+FLAT_SHAPES = [((7, 33, 100), 64), ((5, 9, 99), 32)]
+# (fmt, dq, shape, block, tile args): other tile shapes (32 threads each).
+TILE_CASES = [("nf4", True, (17, 20, 100), 64, (16, 16, 16, 4, 2, 4)),
+              ("q4_1", False, (9, 40, 64), 32, (8, 32, 32, 4, 8, 8))]
+
+
+def _cases():
+    """case id -> (fmt, dq, (M, N, K), block_size or None, tile args or None)."""
+    cases = {}
+    for fmt, dq in VARIANTS:
+        name = fmt + ("_dq" if dq else "")
+        for shape in SHAPES:
+            cases[f"{name}-{'x'.join(map(str, shape))}"] = (fmt, dq, shape, None, None)
+        if fmt in ("nf4", "fp4", "int8"):
+            for shape, bs in FLAT_SHAPES:
+                cases[f"{name}-{'x'.join(map(str, shape))}-bs{bs}"] = (fmt, dq, shape, bs, None)
+    for fmt, dq, shape, bs, tile in TILE_CASES:
+        cases[f"{fmt}{'_dq' if dq else ''}-{'x'.join(map(str, shape))}-tile{tile[:3]}"] = (
+            fmt, dq, shape, bs, tile)
+    return cases
+
+
+CASES = _cases()
+
+
+# ---------------------------------------------------------------- simulator side (subprocess)
+def _rel_err(got, ref):
+    return float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+
+
+def _sim_case(ops, Tile, quantize, rng, case):
+    fmt, dq, (m, n, k), bs, tile = case
+    w = quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, block_size=bs,
+                 double_quant=dq)
+    dense = w.dequantize()                                              # (N, K)
+    x = rng.standard_normal((m, k)).astype(np.float32)                  # (M, K)
+    dy = rng.standard_normal((m, n)).astype(np.float32)                 # (M, N)
+    tile = Tile(*tile) if tile else None
+    y = ops.linear_fwd(x, w, tile=tile)
+    dx = ops.linear_bwd(dy, w, tile=tile)
+    return {"fwd": _rel_err(y, x @ dense.T), "bwd": _rel_err(dx, dy @ dense),
+            "shapes": [list(y.shape), list(dx.shape)], "ref_max": float(np.abs(dense).max())}
+
+
+def _sim_fp16_scales(ops, quantize, rng):
+    """q8_0 with hand-set fp16 scales: subnormal, negative, zero, max, 1.0."""
+    w = quantize(rng.standard_normal((5, 64)).astype(np.float32), "q8_0")
+    blocks = w.buffers["blocks"]                                        # (5, 2 * 34)
+    scales = np.array([2.0 ** -20, -0.3, 0.0, 65504.0, 1.0], dtype=np.float16)
+    blocks[:, 0:2] = scales.view(np.uint8).reshape(5, 2)
+    blocks[:, 34:36] = scales[::-1].copy().view(np.uint8).reshape(5, 2)
+    dense = w.dequantize()
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    dy = rng.standard_normal((3, 5)).astype(np.float32)
+    return {"fwd": _rel_err(ops.linear_fwd(x, w), x @ dense.T),
+            "bwd": _rel_err(ops.linear_bwd(dy, w), dy @ dense),
+            "subnormal_ok": bool(dense[0, 0] != 0 or w.buffers["blocks"][0, 2] == 0)}
+
+
+def _sim_api(ops, quantize, rng):
+    """out=, M=0, and the error messages."""
+    w = quantize(rng.standard_normal((9, 32)).astype(np.float32), "nf4")
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    out = np.full((2, 9), np.nan, dtype=np.float32)
+    res = {"out_is_out": ops.linear_fwd(x, w, out=out) is out,
+           "out_err": _rel_err(out, x @ w.dequantize().T),
+           "empty": list(ops.linear_fwd(np.zeros((0, 32), np.float32), w).shape)}
+    for key, call in [("bad_width", lambda: ops.linear_fwd(x[:, :31].copy(), w)),
+                      ("bad_dtype", lambda: ops.linear_bwd(np.zeros((2, 9)), w)),
+                      ("bad_out", lambda: ops.linear_fwd(x, w, out=np.zeros((9, 2), np.float32)))]:
+        try:
+            call()
+            res[key] = "no error"
+        except ValueError as e:
+            res[key] = str(e)
+    return res
+
+
+def _simulator_main():
+    sys.setswitchinterval(1e-4)
+    from numba import config
+    from packlora.kernels.cuda import ops
+    from packlora.kernels.cuda.gemm import Tile
+    from packlora.quant import quantize
+    assert config.ENABLE_CUDASIM, "run with NUMBA_ENABLE_CUDASIM=1"
+    rng = np.random.default_rng(0)
+    out = {cid: _sim_case(ops, Tile, quantize, rng, case) for cid, case in CASES.items()}
+    out["fp16_scales"] = _sim_fp16_scales(ops, quantize, rng)
+    out["api"] = _sim_api(ops, quantize, rng)
+    print(json.dumps(out))
+
+
+# ---------------------------------------------------------------- pytest side
+@pytest.fixture(scope="module")
+def sim():
+    """Run every simulator case once in a subprocess (numba.cuda reads the flag at import)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, __file__], check=False, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_simulator_matches_reference(sim, case_id):
+    res = sim[case_id]
+    m, n, k = CASES[case_id][2]
+    assert res["shapes"] == [[m, n], [m, k]]
+    assert res["ref_max"] > 0
+    assert res["fwd"] < 2e-5, f"fwd rel err {res['fwd']}"
+    assert res["bwd"] < 2e-5, f"bwd rel err {res['bwd']}"
+
+
+def test_simulator_fp16_scale_decoding(sim):
+    res = sim["fp16_scales"]
+    assert res["subnormal_ok"]
+    assert res["fwd"] < 2e-5 and res["bwd"] < 2e-5, res
+
+
+def test_simulator_api_and_errors(sim):
+    res = sim["api"]
+    assert res["out_is_out"] and res["out_err"] < 2e-5
+    assert res["empty"] == [0, 9]
+    assert "x must be (M, 32)" in res["bad_width"]
+    assert "dy must be float32" in res["bad_dtype"]
+    assert "out must be float32 (2, 9)" in res["bad_out"]
+
+
+# ---------------------------------------------------------------- real GPU (cupy)
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        pytest.skip("no CUDA GPU: cupy not installed")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no CUDA GPU: no device found")
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        pytest.skip(f"no CUDA GPU: {e}")
+    from numba import config
+    if config.ENABLE_CUDASIM:
+        pytest.skip("NUMBA_ENABLE_CUDASIM is set in this process; real-GPU test not possible")
+    return cupy
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,dq", VARIANTS)
+@pytest.mark.parametrize("m", [1, 13, 300])
+def test_gpu_matches_dense(fmt, dq, m):
+    cp = _cupy()
+    from packlora import Device
+    from packlora.errors import DeviceError
+    from packlora.kernels.cuda import ops
+    from packlora.quant import quantize
+    rng = np.random.default_rng(1)
+    n, k = 576, 1536
+    w = quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=dq)
+    dense = cp.asarray(w.dequantize())                                  # (N, K)
+    wd = w.to_device(Device.cuda(0))
+    x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))      # (M, K)
+    dy = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))     # (M, N)
+    y = ops.linear_fwd(x, wd)
+    out = cp.empty((m, k), dtype=cp.float32)
+    dx = ops.linear_bwd(dy, wd, out=out)
+    assert isinstance(y, cp.ndarray) and dx is out
+    with pytest.raises(DeviceError, match="w.to_device"):
+        ops.linear_fwd(x, w)                                            # w still on the host
+    for got, ref in [(y, x @ dense.T), (dx, dy @ dense)]:
+        err = float(cp.abs(got - ref).max() / cp.abs(ref).max())
+        assert err < 1e-4, f"{fmt} dq={dq} M={m}: rel err {err}"
+
+
+if __name__ == "__main__":
+    _simulator_main()

