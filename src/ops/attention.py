@@ -1,7 +1,8 @@
 """Fused causal scaled-dot-product attention with grouped KV heads (one tape node).
 
 Saves q, k, v, the output and the row log-sum-exp; the probabilities are recomputed in backward,
-so no (T x T) matrix outlives the op.
+so no (T x S) matrix outlives the op. Every batched matmul gets operands whose last axis is
+contiguous: numpy only hands those to BLAS (a transposed view falls back to a slow loop).
 """
 import math
 
@@ -11,7 +12,7 @@ from ..autodiff import Function
 def _group_q(q, n_kv):
     b, t, h, d = q.shape
     g = h // n_kv
-    # (B, T, Hkv, G, D) -> (B, Hkv, G, T, D) -> (B, Hkv, G*T, D)
+    # (B, T, Hkv, G, D) -> (B, Hkv, G, T, D) -> (B, Hkv, G*T, D), a contiguous copy
     return q.reshape(b, t, n_kv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, n_kv, g * t, d)
 
 
@@ -20,6 +21,11 @@ def _ungroup(x, t):
     g = gt // t
     # (B, Hkv, G, T, D) -> (B, T, Hkv, G, D) -> (B, T, H, D)
     return x.reshape(b, n_kv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, n_kv * g, d)
+
+
+def _contig_t(xp, a):
+    """The last two axes swapped, as a contiguous array."""
+    return xp.ascontiguousarray(xp.swapaxes(a, -1, -2))
 
 
 def causal_mask(xp, t, s, groups):
@@ -38,12 +44,12 @@ class Attention(Function):
         s, n_kv = k.shape[1], k.shape[2]
         self.scale = scale if scale is not None else 1.0 / math.sqrt(d)
         qg = _group_q(q, n_kv)  # (B, Hkv, G*T, D)
-        kt = k.transpose(0, 2, 3, 1)  # (B, Hkv, D, S)
-        vv = v.transpose(0, 2, 1, 3)  # (B, Hkv, S, D)
-        scores = qg @ kt  # (B, Hkv, G*T, S)
+        kc = xp.ascontiguousarray(k.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
+        vv = xp.ascontiguousarray(v.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
+        scores = qg @ _contig_t(xp, kc)  # (B, Hkv, G*T, S)
         scores *= self.scale
-        mask = causal_mask(xp, t, s, h // n_kv)
-        scores = xp.where(mask, scores, -xp.inf)
+        blocked = ~causal_mask(xp, t, s, h // n_kv)
+        xp.copyto(scores, -xp.inf, where=blocked)
         m = scores.max(axis=-1, keepdims=True)
         scores -= m
         xp.exp(scores, out=scores)
@@ -51,31 +57,34 @@ class Attention(Function):
         scores /= lsum
         og = scores @ vv  # (B, Hkv, G*T, D)
         del scores
-        lse = m + xp.log(lsum)
+        lse = m + xp.log(lsum)  # (B, Hkv, G*T, 1)
         self.t = t
-        self.save(qg, kt, vv, og, lse, mask)
+        self.save(qg, kc, vv, og, lse, blocked)
         return _ungroup(og, t)
 
     def backward(self, g):
+        # works on transposed scores (S x G*T) so every big matmul operand is contiguous
         xp = self.xp
-        qg, kt, vv, og, lse, mask = self.saved
-        n_kv = kt.shape[1]
+        qg, kc, vv, og, lse, blocked = self.saved
+        n_kv = kc.shape[1]
         dog = _group_q(g, n_kv)  # (B, Hkv, G*T, D)
-        p = qg @ kt
-        p *= self.scale
-        p = xp.where(mask, p - lse, -xp.inf)
-        xp.exp(p, out=p)
+        pt = kc @ _contig_t(xp, qg)  # (B, Hkv, S, G*T)
+        pt *= self.scale
+        pt -= _contig_t(xp, lse)
+        xp.copyto(pt, -xp.inf, where=blocked.T)
+        xp.exp(pt, out=pt)
         dq = dk = dv = None
         if self.needs[2]:
-            dv = (xp.swapaxes(p, -1, -2) @ dog).transpose(0, 2, 1, 3)  # (B, S, Hkv, D)
-        dp = dog @ xp.swapaxes(vv, -1, -2)  # (B, Hkv, G*T, S)
-        delta = (dog * og).sum(axis=-1, keepdims=True)
-        dp -= delta
-        dp *= p
-        dp *= self.scale
-        del p
+            dv = (pt @ dog).transpose(0, 2, 1, 3)  # (B, S, Hkv, D)
+        dpt = vv @ _contig_t(xp, dog)  # (B, Hkv, S, G*T)
+        delta = (dog * og).sum(axis=-1, keepdims=True)  # (B, Hkv, G*T, 1)
+        dpt -= _contig_t(xp, delta)
+        dpt *= pt
+        dpt *= self.scale
+        del pt
         if self.needs[0]:
-            dq = _ungroup(dp @ xp.swapaxes(kt, -1, -2), self.t)
+            dqt = _contig_t(xp, kc) @ dpt  # (B, Hkv, D, G*T)
+            dq = _ungroup(_contig_t(xp, dqt), self.t)
         if self.needs[1]:
-            dk = (xp.swapaxes(dp, -1, -2) @ qg).transpose(0, 2, 1, 3)  # (B, S, Hkv, D)
+            dk = (dpt @ qg).transpose(0, 2, 1, 3)  # (B, S, Hkv, D)
         return dq, dk, dv, None

@@ -1,0 +1,85 @@
+"""Fused elementwise kernels for the CPU: RMSNorm, SwiGLU and RoPE, forward and backward.
+
+Each replaces several numpy passes (and their temporaries) with one parallel loop over rows.
+Arrays are C-contiguous; rows are the flattened leading axes.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def rmsnorm_fwd(x, w, eps, y, r):
+    """x, y: (R, D); w: (D,); r: (R,) gets 1/sqrt(mean(x^2) + eps)."""
+    rows, d = x.shape
+    for i in prange(rows):
+        acc = 0.0
+        for j in range(d):
+            acc += x[i, j] * x[i, j]
+        inv = 1.0 / math.sqrt(acc / d + eps)
+        r[i] = inv
+        for j in range(d):
+            y[i, j] = x[i, j] * inv * w[j]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def rmsnorm_bwd(g, x, w, r, dx):
+    """dx = r * (g*w - xhat * mean(g*w*xhat)), xhat = x * r; all (R, D) except w (D,), r (R,)."""
+    rows, d = x.shape
+    for i in prange(rows):
+        inv = r[i]
+        dot = 0.0
+        for j in range(d):
+            dot += g[i, j] * w[j] * x[i, j] * inv
+        dot /= d
+        for j in range(d):
+            xhat = x[i, j] * inv
+            dx[i, j] = inv * (g[i, j] * w[j] - xhat * dot)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def swiglu_fwd(gate, up, y):
+    """y = silu(gate) * up over (R, D)."""
+    rows, d = gate.shape
+    for i in prange(rows):
+        for j in range(d):
+            a = gate[i, j]
+            y[i, j] = a / (1.0 + math.exp(-a)) * up[i, j]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def swiglu_bwd(g, gate, up, dgate, dup, want_gate, want_up):
+    rows, d = gate.shape
+    for i in prange(rows):
+        for j in range(d):
+            a = gate[i, j]
+            s = 1.0 / (1.0 + math.exp(-a))
+            if want_gate:
+                dgate[i, j] = g[i, j] * up[i, j] * s * (1.0 + a * (1.0 - s))
+            if want_up:
+                dup[i, j] = g[i, j] * a * s
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def rope_apply(x, cos, sin, out, sign):
+    """Rotate-half RoPE over x (B, T, H, D) with cos/sin (T, D/2); sign=-1 applies the inverse
+    rotation (the backward pass)."""
+    b, t, h, d = x.shape
+    half = d // 2
+    for bt in prange(b * t):
+        bi = bt // t
+        ti = bt % t
+        for hi in range(h):
+            for j in range(half):
+                c = cos[ti, j]
+                s = sin[ti, j] * sign
+                x1 = x[bi, ti, hi, j]
+                x2 = x[bi, ti, hi, j + half]
+                out[bi, ti, hi, j] = x1 * c - x2 * s
+                out[bi, ti, hi, j + half] = x2 * c + x1 * s
+
+
+def rows2(a):
+    """A C-contiguous (R, D) view (or copy) of an array (..., D)."""
+    return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
