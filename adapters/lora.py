@@ -8,9 +8,15 @@ The base weight is a PackedWeight (never expanded) or a frozen float Tensor.
 import numpy as np
 
 from .. import kernels
+from ..kernels.cpu import lora as lora_cpu
 from ..autodiff import Function
 from ..nn import Module
 from ..tensor import Tensor
+
+
+def _fused(xp, *arrays):
+    """The Numba thin-product kernels apply to float32 numpy arrays."""
+    return xp is np and all(a.dtype == np.float32 for a in arrays)
 
 
 def base_fwd(xp, x2, w, device):
@@ -31,14 +37,17 @@ class LoraMatmul(Function):
     def forward(self, x, a, b, mag, bias, weight=None, scale=1.0, dropout=0.0, norm=None):
         xp = self.xp
         lead = x.shape[:-1]
-        x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=xp.float32)  # (M, K)
+        x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))  # (M, K)
         xd, mask = x2, None
         if dropout > 0.0:
             mask = (self.device.rng.random(x2.shape, dtype=np.float32) >= dropout)
             xd = x2 * mask * np.float32(1.0 / (1.0 - dropout))
         xa = xd @ a.T  # (M, r)
         y = base_fwd(xp, x2, weight, self.device)  # (M, N)
-        y += scale * (xa @ b.T)
+        if _fused(xp, y, xa, b):
+            lora_cpu.add_lora_out(y, xa, b, scale)
+        else:
+            y += scale * (xa @ b.T)
         if mag is not None:
             factor = mag / norm  # (N,)
             if self.needs[3]:
@@ -57,21 +66,26 @@ class LoraMatmul(Function):
     def backward(self, g):
         xd, xa, a, b, mask = self.saved
         xp, s = self.xp, self.scale
-        g2 = xp.ascontiguousarray(g.reshape(-1, g.shape[-1]), dtype=xp.float32)  # (M, N)
+        g2 = xp.ascontiguousarray(g.reshape(-1, g.shape[-1]))  # (M, N)
         dmag = None
         if self.factor is not None:
             if self.needs[3]:
                 dmag = (g2 * self.pre).sum(axis=0) / self.norm  # (N,)
             g2 = g2 * self.factor
-        gxa = s * (g2 @ b)  # (M, r)
+        if xa is not None and _fused(xp, g2, xa, b):  # one pass over g for both thin products
+            gxa, db = lora_cpu.lora_grads(g2, b, xa, s)  # (M, r), (N, r)
+        else:
+            gxa = s * (g2 @ b)
+            db = s * (g2.T @ xa) if self.needs[2] else None
         da = gxa.T @ xd if self.needs[1] else None  # (r, K)
-        db = s * (g2.T @ xa) if self.needs[2] else None  # (N, r)
+        db = db if self.needs[2] else None
         dx = None
         if self.needs[0]:
-            lora_dx = gxa @ a
+            lora_dx = gxa @ a  # (M, K)
             if mask is not None:
                 lora_dx *= mask * np.float32(1.0 / (1.0 - self.dropout))
-            dx = base_bwd(xp, g2, self.weight, self.device) + lora_dx
+            dx = base_bwd(xp, g2, self.weight, self.device)
+            dx += lora_dx
             dx = dx.reshape(*g.shape[:-1], dx.shape[-1]).astype(self.in_dtype, copy=False)
         dbias = g.reshape(-1, g.shape[-1]).sum(axis=0) if self.needs[4] else None
         return dx, da, db, dmag, dbias
