@@ -79,7 +79,7 @@ class Device:
 
     @classmethod
     def parse(cls, spec):
-        """'cpu', 'cuda', 'cuda:1'; an '+autodiff' suffix (as `str` writes it) turns recording on."""
+        """'cpu', 'cuda', 'cuda:1'; a '+autodiff' suffix turns recording on."""
         if isinstance(spec, Device):
             return spec
         text = str(spec).strip().lower()
@@ -99,7 +99,8 @@ class Device:
     # -- autodiff switch ----------------------------------------------------------------------
     def autodiff(self):
         if self._autodiff:
-            raise DeviceError(f"{self} already records gradients; use dev.inner() for the plain device")
+            raise DeviceError(f"{self} already records gradients; "
+                              "use dev.inner() for the plain device")
         return Device(self.kind, self.index, True)
 
     def inner(self):

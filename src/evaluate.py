@@ -3,7 +3,7 @@ import json
 from pathlib import Path
 
 from .errors import DataError
-from .generate import generate
+from .generate import generate_batch
 
 
 def read_chat_records(path):
@@ -27,12 +27,14 @@ def read_chat_records(path):
     return out
 
 
-def exact_match(model, path, max_new_tokens=64, limit=None, on_item=None):
-    """Fraction of records whose greedy answer equals the expected one (after strip)."""
+def exact_match(model, path, max_new_tokens=64, limit=None, on_item=None, batch_size=32):
+    """Fraction of records whose greedy answer equals the expected one (after strip).
+    Prompts are generated in left-padded batches."""
     records = read_chat_records(path)[:limit]
+    answers = generate_batch(model, [p for p, _ in records], max_new_tokens,
+                             batch_size=batch_size)
     hits = 0
-    for prompt, want in records:
-        got = generate(model, prompt, max_new_tokens=max_new_tokens, temperature=0.0)
+    for (_, want), got in zip(records, answers):
         ok = got.strip() == want.strip()
         hits += ok
         if on_item:

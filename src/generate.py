@@ -32,39 +32,77 @@ def _sample(logits, temperature, top_k, top_p, rng):
     return int(rng.choice(p.size, p=p))
 
 
+def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eos_ids, stop):
+    """Generate after each prompt in `id_lists` together: one left-padded batch, one KV cache.
+    Returns the new ids of each row (EOS excluded)."""
+    tok = model.tokenizer
+    rng = np.random.default_rng(seed)
+    longest = max(len(ids) for ids in id_lists)
+    pad_id = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0
+    pad = np.array([longest - len(ids) for ids in id_lists])
+    batch = np.array([[pad_id] * p + list(ids) for p, ids in zip(pad, id_lists)], dtype=np.int64)
+    cache = KVCache(model.config, model.device.inner(), len(id_lists), longest + max_new_tokens,
+                    pad=pad)
+    outs = [[] for _ in id_lists]
+    done = [False] * len(id_lists)
+    with without_autodiff():
+        logits = model.next_logits(batch, cache)  # (B, V)
+        for _ in range(max_new_tokens):
+            rows = logits.numpy()
+            nxt = np.full((len(outs), 1), pad_id, dtype=np.int64)
+            for i, out in enumerate(outs):
+                if done[i]:
+                    continue
+                nxt[i, 0] = tok_id = _sample(rows[i], temperature, top_k, top_p, rng)
+                if tok_id in eos_ids:
+                    done[i] = True
+                    continue
+                out.append(tok_id)
+                if stop and tok is not None and any(s in tok.decode(out) for s in stop):
+                    done[i] = True
+            if all(done):
+                break
+            logits = model.next_logits(nxt, cache)
+    return outs
+
+
 def generate_ids(model, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
                  seed=None, eos_ids=(), stop=()):
     """Generated token ids after the prompt ids (a list), stopping at EOS or a stop string."""
+    return _decode(model, [list(ids)], max_new_tokens, temperature, top_p, top_k, seed,
+                   set(eos_ids), list(stop))[0]
+
+
+def generate_batch(model, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
+                   seed=None, stop=None, batch_size=32):
+    """generate() for many prompts at once (left-padded batches of `batch_size`, similar
+    lengths together); returns the texts in the order of `prompts`."""
     tok = model.tokenizer
-    rng = np.random.default_rng(seed)
-    cache = KVCache(model.config, model.device.inner(), 1, len(ids) + max_new_tokens)
-    out = []
-    with without_autodiff():
-        logits = model.next_logits(np.asarray([ids], dtype=np.int64), cache)
-        for _ in range(max_new_tokens):
-            nxt = _sample(logits.numpy()[0], temperature, top_k, top_p, rng)
-            if nxt in eos_ids:
-                break
-            out.append(nxt)
-            if stop and tok is not None and any(s in tok.decode(out) for s in stop):
-                break
-            logits = model.next_logits(np.asarray([[nxt]], dtype=np.int64), cache)
-    return out
+    if tok is None:
+        raise ValueError("this model has no tokenizer; generate_ids() takes token ids")
+    stop = [stop] if isinstance(stop, str) else list(stop or ())
+    ids = [_prompt_ids(tok, p) for p in prompts]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    texts = [None] * len(ids)
+    for c in range(0, len(order), batch_size):
+        chunk = order[c:c + batch_size]
+        outs = _decode(model, [ids[i] for i in chunk], max_new_tokens, temperature, top_p,
+                       top_k, seed, set(tok.eos_token_ids), stop)
+        for i, out in zip(chunk, outs):
+            texts[i] = _cut(tok.decode(out, skip_special_tokens=True), stop)
+    return texts
+
+
+def _cut(text, stop):
+    for s in stop:
+        if s in text:
+            text = text[:text.index(s)]
+    return text
 
 
 def generate(model, prompt_or_messages, max_new_tokens=128, temperature=0.0, top_p=1.0,
              top_k=0, seed=None, stop=None):
     """Generate text. A list of {"role", "content"} dicts is a chat (the chat template applies);
     a string is a plain prompt. Returns the generated text only (without the prompt)."""
-    tok = model.tokenizer
-    if tok is None:
-        raise ValueError("this model has no tokenizer; generate_ids() takes token ids")
-    ids = _prompt_ids(tok, prompt_or_messages)
-    stop = [stop] if isinstance(stop, str) else list(stop or ())
-    out = generate_ids(model, ids, max_new_tokens, temperature, top_p, top_k, seed,
-                       eos_ids=set(tok.eos_token_ids), stop=stop)
-    text = tok.decode(out, skip_special_tokens=True)
-    for s in stop:
-        if s in text:
-            text = text[:text.index(s)]
-    return text
+    return generate_batch(model, [prompt_or_messages], max_new_tokens, temperature, top_p,
+                          top_k, seed, stop)[0]

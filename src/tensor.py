@@ -128,7 +128,8 @@ def full(shape, value, device=None, dtype=np.float32):
 def randn(shape, device=None, dtype=np.float32, std=1.0):
     """Normal samples from the device's generator (seeded with dev.seed(n))."""
     device = device or Device.cpu()
-    data = device.rng.standard_normal(shape, dtype=np.float64 if dtype == np.float64 else np.float32)
+    gen_dtype = np.float64 if dtype == np.float64 else np.float32
+    data = device.rng.standard_normal(shape, dtype=gen_dtype)
     return Tensor(data * std if std != 1.0 else data, device, dtype=dtype)
 
 

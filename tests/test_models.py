@@ -3,10 +3,9 @@ against an independent float64 numpy forward; loss, checkpointing, KV cache and 
 import json
 import math
 
+import model_factory as mf
 import numpy as np
 import pytest
-
-import model_factory as mf
 from packlora import Device
 from packlora.errors import ModelError
 from packlora.generate import generate_ids
@@ -107,11 +106,13 @@ def files(tmp_path_factory):
 
     def get(arch, kind):
         if (arch, kind) not in made:
+            name = root / f"{arch}_{kind}"
             if kind.startswith("gguf_"):
-                made[arch, kind] = mf.write_gguf(root / f"{arch}_{kind}.gguf", arch, kind[5:].upper())
+                made[arch, kind] = mf.write_gguf(f"{name}.gguf", arch, kind[5:].upper())
             else:
-                dtype, shards = ("BF16", 1) if kind == "bf16" else ("F32", 3 if kind == "sharded" else 1)
-                made[arch, kind] = mf.write_hf(root / f"{arch}_{kind}", arch, dtype=dtype, shards=shards)
+                dtype = "BF16" if kind == "bf16" else "F32"
+                shards = 3 if kind == "sharded" else 1
+                made[arch, kind] = mf.write_hf(name, arch, dtype=dtype, shards=shards)
         return made[arch, kind]
     return get
 
@@ -225,7 +226,8 @@ def test_gradient_checkpointing_same_loss_and_grads(files, arch, kind, qname):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("arch,kind,qname", [("qwen2", "f32", "none"), ("llama3", "gguf_q8_0", "none"),
+@pytest.mark.parametrize("arch,kind,qname", [("qwen2", "f32", "none"),
+                                             ("llama3", "gguf_q8_0", "none"),
                                              ("qwen3", "f32", "int8")])
 def test_kv_cache_decoding_matches_full_forward(files, arch, kind, qname):
     path, _ = files(arch, kind)
@@ -278,7 +280,8 @@ def test_shape_disagreeing_with_config_names_tensor(tmp_path):
     weights = mf.random_weights("llama")
     del weights["model.layers.1.self_attn.k_proj.weight"]
     folder, _ = mf.write_hf(tmp_path / "missing", "llama", weights=weights)
-    with pytest.raises(ModelError, match=r"'model\.layers\.1\.self_attn\.k_proj\.weight' is missing"):
+    missing = r"'model\.layers\.1\.self_attn\.k_proj\.weight' is missing"
+    with pytest.raises(ModelError, match=missing):
         load_model(folder)
 
 

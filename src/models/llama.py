@@ -26,9 +26,11 @@ class Attention(Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
+        key_valid = None
         if cache is not None:
             k, v = cache.append(k, v)
-        out = ops.attention(q, k, v)  # (B, T, H, D)
+            key_valid = cache.key_valid(k.shape[1])
+        out = ops.attention(q, k, v, key_valid=key_valid)  # (B, T, H, D)
         return self.o_proj(out.reshape(b, t, self.n_heads * self.head_dim))
 
 
@@ -159,14 +161,22 @@ class LlamaForCausalLM(Module):
 
 
 class KVCache:
-    """Preallocated keys and values per layer (B, S_max, Hkv, D), tracked as `kv_cache`."""
+    """Preallocated keys and values per layer (B, S_max, Hkv, D), tracked as `kv_cache`.
+    `pad` (B,) counts left-padding positions of each row; those keys are masked."""
 
-    def __init__(self, cfg, device, batch, max_len):
+    def __init__(self, cfg, device, batch, max_len, pad=None):
         xp, mem = device.xp, device.memory
         shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
         self.k = [mem.track(xp.zeros(shape, np.float32), "kv_cache") for _ in range(cfg.num_layers)]
         self.v = [mem.track(xp.zeros(shape, np.float32), "kv_cache") for _ in range(cfg.num_layers)]
         self.length, self.max_len, self.device = 0, max_len, device
+        self.pad = None if pad is None or not np.any(pad) else xp.asarray(pad)
+
+    def key_valid(self, s):
+        """(B, S) bool of real keys, or None when no row is padded."""
+        if self.pad is None:
+            return None
+        return self.device.xp.arange(s)[None, :] >= self.pad[:, None]
 
     def layer(self, i):
         return _LayerCache(self, i)
@@ -178,6 +188,9 @@ class KVCache:
 class _LayerCache:
     def __init__(self, cache, i):
         self.cache, self.i = cache, i
+
+    def key_valid(self, s):
+        return self.cache.key_valid(s)
 
     def append(self, k, v):
         c, i = self.cache, self.i

@@ -88,11 +88,12 @@ def _layer(bd, cfg, i):
     if cfg.qk_norm:
         qn = bd.norm(f"{p}.self_attn.q_norm.weight", hd, cfg.rms_norm_eps)
         kn = bd.norm(f"{p}.self_attn.k_norm.weight", hd, cfg.rms_norm_eps)
+    bias, q_out, kv_out = cfg.attention_bias, cfg.num_heads * hd, cfg.num_kv_heads * hd
     attn = Attention(cfg,
-                     bd.linear(f"{p}.self_attn.q_proj", cfg.num_heads * hd, d, cfg.attention_bias),
-                     bd.linear(f"{p}.self_attn.k_proj", cfg.num_kv_heads * hd, d, cfg.attention_bias),
-                     bd.linear(f"{p}.self_attn.v_proj", cfg.num_kv_heads * hd, d, cfg.attention_bias),
-                     bd.linear(f"{p}.self_attn.o_proj", d, cfg.num_heads * hd), qn, kn)
+                     bd.linear(f"{p}.self_attn.q_proj", q_out, d, bias),
+                     bd.linear(f"{p}.self_attn.k_proj", kv_out, d, bias),
+                     bd.linear(f"{p}.self_attn.v_proj", kv_out, d, bias),
+                     bd.linear(f"{p}.self_attn.o_proj", d, q_out), qn, kn)
     mlp = MLP(bd.linear(f"{p}.mlp.gate_proj", f, d), bd.linear(f"{p}.mlp.up_proj", f, d),
               bd.linear(f"{p}.mlp.down_proj", d, f))
     return DecoderLayer(bd.norm(f"{p}.input_layernorm.weight", d, cfg.rms_norm_eps), attn,

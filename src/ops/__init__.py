@@ -136,9 +136,10 @@ def rope(x, cos, sin):
     return Rope.apply(x, cos, sin)
 
 
-def attention(q, k, v, scale=None):
-    """Causal attention; q (B, T, H, D), k/v (B, S, Hkv, D) with H a multiple of Hkv."""
-    return Attention.apply(q, k, v, scale=scale)
+def attention(q, k, v, scale=None, key_valid=None):
+    """Causal attention; q (B, T, H, D), k/v (B, S, Hkv, D) with H a multiple of Hkv.
+    key_valid (B, S) bool, optional, masks padding keys (left-padded batches)."""
+    return Attention.apply(q, k, v, scale=scale, key_valid=key_valid)
 
 
 def cross_entropy(logits, targets, ignore_index=-100, chunk=256):

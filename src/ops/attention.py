@@ -35,10 +35,21 @@ def causal_mask(xp, t, s, groups):
     return xp.tile(allowed, (groups, 1))
 
 
+def blocked_mask(xp, t, s, groups, key_valid=None):
+    """True where a score is masked: (G*T, S), or (B, 1, G*T, S) with key_valid (B, S) marking
+    real (not padding) keys. A padding query still sees itself, so no row is empty."""
+    allowed = causal_mask(xp, t, s, groups)
+    if key_valid is None:
+        return ~allowed
+    rows = xp.arange(t)[:, None] + (s - t)
+    own = xp.tile(xp.arange(s)[None, :] == rows, (groups, 1))  # (G*T, S)
+    return ~(allowed & (key_valid[:, None, None, :] | own))
+
+
 class Attention(Function):
     """q: (B, T, H, D); k, v: (B, S, Hkv, D), S >= T (a KV cache makes S > T) -> (B, T, H, D)."""
 
-    def forward(self, q, k, v, scale=None):
+    def forward(self, q, k, v, scale=None, key_valid=None):
         xp = self.xp
         b, t, h, d = q.shape
         s, n_kv = k.shape[1], k.shape[2]
@@ -48,7 +59,7 @@ class Attention(Function):
         vv = xp.ascontiguousarray(v.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
         scores = qg @ _contig_t(xp, kc)  # (B, Hkv, G*T, S)
         scores *= self.scale
-        blocked = ~causal_mask(xp, t, s, h // n_kv)
+        blocked = blocked_mask(xp, t, s, h // n_kv, key_valid)
         xp.copyto(scores, -xp.inf, where=blocked)
         m = scores.max(axis=-1, keepdims=True)
         scores -= m
@@ -71,7 +82,7 @@ class Attention(Function):
         pt = kc @ _contig_t(xp, qg)  # (B, Hkv, S, G*T)
         pt *= self.scale
         pt -= _contig_t(xp, lse)
-        xp.copyto(pt, -xp.inf, where=blocked.T)
+        xp.copyto(pt, -xp.inf, where=xp.swapaxes(blocked, -1, -2))
         xp.exp(pt, out=pt)
         dq = dk = dv = None
         if self.needs[2]:
@@ -87,4 +98,4 @@ class Attention(Function):
             dq = _ungroup(_contig_t(xp, dqt), self.t)
         if self.needs[1]:
             dk = (dpt @ qg).transpose(0, 2, 1, 3)  # (B, S, Hkv, D)
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None
