@@ -41,6 +41,8 @@ def select_targets(model, cfg):
     """Paths of the linear layers the config targets; unknown names are a ConfigError."""
     targets = _cfg_get(cfg, "targets", ["q_proj", "v_proj"])
     layers = _cfg_get(cfg, "layers")
+    if isinstance(layers, int):  # PEFT's layers_to_transform may be a single index
+        layers = [layers]
     found = []
     for path, _ in linear_modules(model):
         if not _matches(path, targets):

@@ -51,7 +51,8 @@ class LoraMatmul(Function):
         if mag is not None:
             factor = mag / norm  # (N,)
             if self.needs[3]:
-                self.pre = y.copy()  # W x + s B A x, needed for the magnitude's gradient
+                # W x + s B A x, needed for the magnitude's gradient
+                self.pre = self.device.memory.track(y.copy())
             y *= factor
         else:
             factor = None

@@ -6,7 +6,6 @@ import numpy as np
 
 from ..errors import ModelError
 from ..fileio import save_safetensors, write_json
-from ..tensor import Tensor
 from .lora import LoraLinear
 
 WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
@@ -36,7 +35,7 @@ def adapter_config(model):
     cfg = getattr(model, "lora_config", None)
     get = (lambda k, d=None: cfg.get(k, d)) if isinstance(cfg, dict) else \
         (lambda k, d=None: getattr(cfg, k, d))
-    targets = sorted({p.rsplit(".", 1)[-1] for p, _ in layers})
+    targets = _target_modules(model, [p for p, _ in layers], get("layers"))
     rank_pattern = {p: m.rank for p, m in layers if m.rank != first.rank}
     alpha_pattern = {p: m.alpha for p, m in layers if m.alpha != first.alpha}
     return {
@@ -49,6 +48,25 @@ def adapter_config(model):
         "base_model_name_or_path": str(getattr(model, "source", "")),
         "revision": None, "library": "packlora",
     }
+
+
+def _target_modules(model, paths, layers):
+    """Module-name suffixes (PEFT's usual form) when, with `layers`, they select exactly the
+    adapted modules; otherwise (a regex picked some of them) the full module paths."""
+    from ..nn import Linear, PackedLinear
+    from .inject import _LAYER_RE
+    suffixes = sorted({p.rsplit(".", 1)[-1] for p in paths})
+    adapted = set(paths)
+    linear = [n for n, m in model.named_modules() if isinstance(m, (Linear, PackedLinear))
+              and n.rsplit(".", 1)[0] not in adapted] + list(paths)  # bases inside adapters out
+    wanted = set(layers) if layers is not None else None
+    chosen = set()
+    for n in linear:
+        m = _LAYER_RE.search(n)
+        if n.rsplit(".", 1)[-1] in suffixes and (
+                wanted is None or (m is not None and int(m.group(1)) in wanted)):
+            chosen.add(n)
+    return suffixes if chosen == adapted else sorted(paths)
 
 
 def save_adapter(model, out_dir):

@@ -50,6 +50,11 @@ def save_checkpoint(output_dir, step, model, optimizer, state, keep_last=None):
             shutil.rmtree(final)
         tmp.rename(final)
         _fsync_dir(root)
+    except OSError as e:  # e.g. a full disk: name it, and point at the checkpoint still valid
+        shutil.rmtree(tmp, ignore_errors=True)
+        prev = list_checkpoints(output_dir)
+        kept = f"; the previous checkpoint {prev[-1][1]} is intact" if prev else ""
+        raise TrainingError(f"cannot write checkpoint {final}: {e.strerror or e}{kept}") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -84,5 +89,9 @@ def load_checkpoint(path, model, optimizer):
         state = json.loads((path / STATE).read_text(encoding="utf-8"))
     except Exception as e:  # a damaged file names itself
         raise TrainingError(f"{path}: cannot read checkpoint ({e})") from None
-    optimizer.load_state_arrays(arrays, state["optimizer_step"])
+    try:
+        optimizer.load_state_arrays(arrays, state["optimizer_step"])
+    except KeyError as e:
+        raise TrainingError(f"{path / OPTIM}: {e.args[0]}; the checkpoint was written for "
+                            "other adapters than this run's") from None
     return state

@@ -132,7 +132,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)
-    except PackloraError as e:
+    except (PackloraError, OSError) as e:  # OSError: a full disk, a path that is a file, ...
         print(f"packlora: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -156,6 +156,7 @@ class Device:
         need = nelem * dtype.itemsize
         buf = st.scratch
         if buf is None or buf.nbytes < need:
+            st.scratch = buf = None  # free the smaller buffer before taking the larger one
             buf = self.xp.empty(max(need, 1), dtype=np.uint8)
             st.scratch = self.memory.track(buf, "dense_scratch")
         return buf[:need].view(dtype)

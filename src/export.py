@@ -95,7 +95,10 @@ def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
     if delta is not None and delta.w:
         raise ModelError(f"{adapter}: adapter weights for modules the model lacks: "
                          f"{sorted(delta.w)[:3]}")
-    write_json(out / "config.json", src.config.to_hf_dict())
+    hf_cfg = src.config.to_hf_dict()
+    if not quantize:
+        hf_cfg["torch_dtype"] = dtype  # what model.safetensors holds
+    write_json(out / "config.json", hf_cfg)
     tok = src.tokenizer
     if tok is not None:
         tok.save(out)

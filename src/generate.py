@@ -45,6 +45,19 @@ def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eo
                     pad=pad)
     outs = [[] for _ in id_lists]
     done = [False] * len(id_lists)
+    was_training = model.training
+    model.eval()  # no dropout, and no draws from the device generator
+    try:
+        _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, top_p, top_k,
+                     rng, eos_ids, stop, pad_id)
+    finally:
+        model.train(was_training)
+    return outs
+
+
+def _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, top_p, top_k,
+                 rng, eos_ids, stop, pad_id):
+    tok = model.tokenizer
     with without_autodiff():
         logits = model.next_logits(batch, cache)  # (B, V)
         for _ in range(max_new_tokens):
@@ -63,7 +76,6 @@ def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eo
             if all(done):
                 break
             logits = model.next_logits(nxt, cache)
-    return outs
 
 
 def generate_ids(model, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,

@@ -6,7 +6,7 @@ import numpy as np
 
 from .autodiff import without_autodiff
 from .checkpoints import find_resume, load_checkpoint, save_checkpoint
-from .data import Batches, count_targets
+from .data import Batches
 from .errors import TrainingError
 from .metrics import MetricsLog, Progress
 from .optim import AdamW, clip_grad_norm
@@ -14,15 +14,20 @@ from .schedule import Schedule
 
 
 def evaluate(model, examples, batch_size, pad_id=0, chunk=256):
-    """Mean loss per target token over `examples` (no gradients recorded)."""
+    """Mean loss per target token over `examples` (no gradients recorded, dropout off)."""
     batches = Batches(examples, batch_size, shuffle=False, pad_id=pad_id)
     total, count = 0.0, 0
-    with without_autodiff(), model.device.memory.category("activations"):
-        for ids, labels in batches.epoch_batches():
-            n = int((labels != -100).sum())
-            if n:
-                total += model.target_loss(ids, labels, chunk=chunk).item() * n
-                count += n
+    was_training = model.training
+    model.eval()  # no dropout: a deterministic measure that draws nothing from the device RNG
+    try:
+        with without_autodiff(), model.device.memory.category("activations"):
+            for ids, labels in batches.epoch_batches():
+                n = int((labels != -100).sum())
+                if n:
+                    total += model.target_loss(ids, labels, chunk=chunk).item() * n
+                    count += n
+    finally:
+        model.train(was_training)
     return total / max(count, 1)
 
 
@@ -84,7 +89,7 @@ class Trainer:
             loss_sum += value
         norm = clip_grad_norm(self.opt.params, cfg.max_grad_norm)
         if not math.isfinite(norm):
-            raise TrainingError(self._bad_loss_message(f"gradient norm {norm}"))
+            raise TrainingError(self._bad_loss_message(norm, "gradient norm"))
         lr = self.schedule(self.step + 1)
         with mem.category("optimizer"):
             self.opt.step(lr)
@@ -92,9 +97,9 @@ class Trainer:
         self.step += 1
         return loss_sum / cfg.grad_accum, lr, norm, tokens, targets
 
-    def _bad_loss_message(self, value):
+    def _bad_loss_message(self, value, what="loss"):
         where = f" in {self.output_dir}/checkpoints" if self.output_dir else ""
-        return (f"training stopped at step {self.step + 1}: the loss is {value} (not finite). "
+        return (f"training stopped at step {self.step + 1}: the {what} is {value} (not finite). "
                 f"The last good checkpoint{where} is intact; lower train.lr, set "
                 "train.max_grad_norm, or check the data")
 

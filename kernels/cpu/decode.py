@@ -122,11 +122,3 @@ def decode_tile_par(pk, n0, n1, k0, k1, tile):
     kc = k1 - k0
     for r in prange(n1 - n0):
         decode_span(pk, n0 + r, k0, k1, tile, r * kc)
-
-
-@njit(fastmath=True, cache=True)
-def decode_tile_ser(pk, n0, n1, k0, k1, tile):
-    """W[n0:n1, k0:k1] into the flat buffer tile (row-major), on the calling thread."""
-    kc = k1 - k0
-    for r in range(n1 - n0):
-        decode_span(pk, n0 + r, k0, k1, tile, r * kc)

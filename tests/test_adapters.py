@@ -1,0 +1,403 @@
+"""LoRA / DoRA adapters: the fused LoraMatmul math and gradients, apply_lora targeting and
+initialisation, LoftQ, and the PEFT adapter format (save, load, PEFT-style keys)."""
+import json
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+import model_factory as mf
+from gradcheck import DEV, check
+from packlora import Tensor, without_autodiff
+from packlora.adapters import LoraLinear, LoraMatmul, apply_lora, load_adapter, save_adapter
+from packlora.adapters.lora import row_norms
+from packlora.errors import ConfigError
+from packlora.models import load_model
+from packlora.nn import Linear, PackedLinear
+from packlora.quant import quantize
+
+M, K, N, R = 5, 64, 48, 4
+LINEAR_SHAPES = {"q_proj": (mf.HEADS * mf.HEAD_DIM, mf.HIDDEN),
+                 "k_proj": (mf.KV_HEADS * mf.HEAD_DIM, mf.HIDDEN),
+                 "v_proj": (mf.KV_HEADS * mf.HEAD_DIM, mf.HIDDEN),
+                 "o_proj": (mf.HIDDEN, mf.HEADS * mf.HEAD_DIM),
+                 "gate_proj": (mf.INTER, mf.HIDDEN), "up_proj": (mf.INTER, mf.HIDDEN),
+                 "down_proj": (mf.HIDDEN, mf.INTER)}
+
+
+def _rand(shape, seed, scale=1.0, dtype=np.float32):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(dtype)
+
+
+def _weight(fmt, seed=0):
+    """(base weight for LoraMatmul, its dense float64 value)."""
+    w = _rand((N, K), seed, 1 / np.sqrt(K))
+    if fmt == "dense":
+        return Tensor(w, DEV), w.astype(np.float64)
+    pw = quantize(w, fmt, block_size=32 if fmt == "q4_0" else 64, name="w")
+    return pw, pw.dequantize().astype(np.float64)
+
+
+# --- LoraMatmul: forward ---------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["nf4", "q4_0", "dense"])
+def test_lora_forward_matches_reference(fmt):
+    w, wd = _weight(fmt)
+    x, a, b = _rand((2, 3, K), 1), _rand((R, K), 2, 0.1), _rand((N, R), 3, 0.1)
+    bias = _rand((N,), 4)
+    s = 2.5
+    y = LoraMatmul.apply(Tensor(x, DEV), Tensor(a, DEV), Tensor(b, DEV), None, Tensor(bias, DEV),
+                         weight=w, scale=s).numpy()
+    x64 = x.astype(np.float64)
+    want = x64 @ wd.T + s * (x64 @ a.T.astype(np.float64)) @ b.T.astype(np.float64) + bias
+    assert y.shape == (2, 3, N)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+# --- LoraMatmul: gradients -------------------------------------------------------------------
+def _leaf(shape, seed, scale=1.0):
+    return Tensor(_rand(shape, seed, scale, np.float64), DEV).require_grad()
+
+
+def test_lora_gradcheck_dense_float64_base():
+    w = Tensor(_rand((N, 8), 0, 0.3, np.float64), DEV)  # a frozen float64 base
+    x, a, b = _leaf((3, 8), 1), _leaf((R, 8), 2, 0.5), _leaf((N, R), 3, 0.5)
+    bias = _leaf((N,), 4)
+    check(lambda x_, a_, b_, bias_: LoraMatmul.apply(x_, a_, b_, None, bias_, weight=w,
+                                                     scale=1.7), [x, a, b, bias])
+
+
+@pytest.mark.parametrize("fmt", ["nf4", "q4_0"])
+def test_lora_packed_grads_match_dense_reference(fmt):
+    w, wd = _weight(fmt)
+    s = 0.75
+    x = Tensor(_rand((M, K), 1), DEV).require_grad()
+    a = Tensor(_rand((R, K), 2, 0.2), DEV).require_grad()
+    b = Tensor(_rand((N, R), 3, 0.2), DEV).require_grad()
+    g = _rand((M, N), 5)
+    y = LoraMatmul.apply(x, a, b, None, None, weight=w, scale=s)
+    (y * Tensor(g, DEV)).sum().backward()
+    x64, a64, b64, g64 = (t.astype(np.float64) for t in (x.data, a.data, b.data, g))
+    np.testing.assert_allclose(x.grad.numpy(), g64 @ wd + s * (g64 @ b64) @ a64,
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(a.grad.numpy(), s * (g64 @ b64).T @ x64, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(b.grad.numpy(), s * g64.T @ (x64 @ a64.T), rtol=1e-4, atol=1e-4)
+
+
+# --- DoRA ------------------------------------------------------------------------------------
+def _dora_layer(fmt, dev):
+    w = _rand((N, K), 0, 1 / np.sqrt(K))
+    if fmt == "dense":
+        base = Linear(Tensor(w, dev))
+        wd = w.astype(np.float64)
+    else:
+        pw = quantize(w, fmt, name="w")
+        base, wd = PackedLinear(pw), pw.dequantize().astype(np.float64)
+    layer = LoraLinear(base, R, 8.0, use_dora=True)
+    layer.lora_A = Tensor(_rand((R, K), 2, 0.2), dev).require_grad()
+    layer.lora_B = Tensor(_rand((N, R), 3, 0.2), dev).require_grad()
+    layer.init_dora(dev)
+    layer.lora_magnitude_vector.data *= 1.0 + 0.3 * _rand((N,), 6)
+    return layer, wd
+
+
+@pytest.mark.parametrize("fmt", ["nf4", "dense"])
+def test_dora_forward_and_grads(fmt):
+    layer, wd = _dora_layer(fmt, DEV)
+    s = layer.scale
+    assert s == 2.0
+    a64, b64 = layer.lora_A.numpy().astype(np.float64), layer.lora_B.numpy().astype(np.float64)
+    m64 = layer.lora_magnitude_vector.numpy().astype(np.float64)
+    weff = wd + s * b64 @ a64  # (N, K)
+    norm = np.linalg.norm(weff, axis=1)  # per output row
+    x = Tensor(_rand((M, K), 1), DEV).require_grad()
+    y = layer(x)
+    x64 = x.numpy().astype(np.float64)
+    np.testing.assert_allclose(y.numpy(), (m64 / norm) * (x64 @ weff.T), rtol=1e-4, atol=1e-4)
+    g64 = _rand((M, N), 5).astype(np.float64)
+    (y * Tensor(g64.astype(np.float32), DEV)).sum().backward()
+    gf = g64 * (m64 / norm)  # the norm is a constant in backward (DoRA paper, PEFT)
+    np.testing.assert_allclose(layer.lora_A.grad.numpy(), s * (gf @ b64).T @ x64,
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(layer.lora_B.grad.numpy(), s * gf.T @ (x64 @ a64.T),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(layer.lora_magnitude_vector.grad.numpy(),
+                               (g64 * (x64 @ weff.T)).sum(0) / norm, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(x.grad.numpy(), gf @ weff, rtol=1e-4, atol=1e-4)
+
+
+def test_dora_gradcheck_with_constant_norm():
+    w = Tensor(_rand((N, 8), 0, 0.3, np.float64), DEV)
+    a, b = _leaf((R, 8), 2, 0.5), _leaf((N, R), 3, 0.5)
+    mag = Tensor(np.abs(_rand((N,), 7, 1.0, np.float64)) + 0.5, DEV).require_grad()
+    norm = np.linalg.norm(w.data + 1.5 * b.data @ a.data, axis=1)  # fixed, as in backward
+    x = _leaf((3, 8), 1)
+    check(lambda x_, a_, b_, m_: LoraMatmul.apply(x_, a_, b_, m_, None, weight=w, scale=1.5,
+                                                  norm=norm), [x, a, b, mag])
+
+
+def test_dora_initial_magnitude_is_row_norm_so_output_equals_lora():
+    layer, wd = _dora_layer("nf4", DEV)
+    norms = row_norms(layer.weight, layer.lora_A.data, layer.lora_B.data, layer.scale, DEV)
+    want = np.linalg.norm(wd + layer.scale * layer.lora_B.numpy() @ layer.lora_A.numpy(), axis=1)
+    np.testing.assert_allclose(norms, want, rtol=1e-5)
+
+
+# --- dropout and rsLoRA ----------------------------------------------------------------------
+def test_dropout_forward_mask_and_gradients():
+    w = Tensor(_rand((N, 8), 0, 0.3, np.float64), DEV)
+    a, b = _leaf((R, 8), 2, 0.5), _leaf((N, R), 3, 0.5)
+    x64 = _rand((6, 8), 1, 1.0, np.float64)
+    p, s = 0.4, 1.3
+
+    def fn(x_, a_, b_):
+        DEV.seed(1234)  # the same mask on every call
+        return LoraMatmul.apply(x_, a_, b_, None, None, weight=w, scale=s, dropout=p)
+
+    with without_autodiff():
+        y = fn(Tensor(x64, DEV), a, b).numpy()
+    DEV.seed(1234)
+    mask = DEV.rng.random((6, 8), dtype=np.float32) >= p
+    assert 0 < mask.sum() < mask.size
+    xd = x64 * mask / (1 - p)
+    want = x64 @ w.data.T + s * (xd @ a.data.T) @ b.data.T
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    nodrop = x64 @ w.data.T + s * (x64 @ a.data.T) @ b.data.T
+    assert np.abs(y - nodrop).max() > 1e-2  # dropout changed the adapter path
+    check(fn, [Tensor(x64, DEV).require_grad(), a, b])
+
+
+def test_dropout_off_in_eval_mode():
+    base = Linear(Tensor(_rand((N, K), 0, 0.1), DEV))
+    layer = LoraLinear(base, R, 8.0, dropout=0.5)
+    layer.lora_A = Tensor(_rand((R, K), 2, 0.2), DEV).require_grad()
+    layer.lora_B = Tensor(_rand((N, R), 3, 0.2), DEV).require_grad()
+    x = Tensor(_rand((M, K), 1), DEV)
+    layer.eval()
+    y1, y2 = layer(x).numpy(), layer(x).numpy()
+    np.testing.assert_array_equal(y1, y2)
+    layer.train()
+    assert np.abs(layer(x).numpy() - y1).max() > 1e-3
+
+
+def test_rslora_scale():
+    base = Linear(Tensor(_rand((N, K), 0), DEV))
+    assert LoraLinear(base, 16, 8.0, use_rslora=True).scale == pytest.approx(8.0 / 4.0)
+    assert LoraLinear(base, 16, 8.0).scale == pytest.approx(0.5)
+
+
+# --- apply_lora ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    folder, _ = mf.write_hf(tmp_path_factory.mktemp("tiny") / "m", "llama")
+    return folder
+
+
+def _model(hf_dir, quant="nf4", seed=0):
+    DEV.seed(seed)
+    return load_model(hf_dir, DEV, quant=quant, with_tokenizer=False)
+
+
+def test_targets_suffix_list_all_linear_and_regex(hf_dir):
+    m = apply_lora(_model(hf_dir), {"targets": ["q_proj", "v_proj"], "rank": 4})
+    assert m.lora_paths == [f"model.layers.{i}.self_attn.{p}" for i in range(mf.LAYERS)
+                            for p in ("q_proj", "v_proj")]
+    assert isinstance(m.get_module("model.layers.0.self_attn.q_proj"), LoraLinear)
+    assert not isinstance(m.get_module("model.layers.0.self_attn.k_proj"), LoraLinear)
+    m = apply_lora(_model(hf_dir), {"targets": "all-linear", "rank": 4})
+    assert len(m.lora_paths) == 7 * mf.LAYERS
+    assert not any(p.endswith("lm_head") for p in m.lora_paths)
+    assert not isinstance(m.lm_head, LoraLinear)
+    m = apply_lora(_model(hf_dir), {"targets": r".*\.1\.mlp\.(up|down)_proj", "rank": 4})
+    assert sorted(m.lora_paths) == ["model.layers.1.mlp.down_proj", "model.layers.1.mlp.up_proj"]
+
+
+def test_layers_and_patterns(hf_dir):
+    cfg = {"targets": ["q_proj", "v_proj", "down_proj"], "rank": 4, "alpha": 8, "layers": [1],
+           "rank_pattern": {"v_proj": 2}, "alpha_pattern": {"down_proj": 3.0}}
+    m = apply_lora(_model(hf_dir), cfg)
+    assert all(".layers.1." in p for p in m.lora_paths) and len(m.lora_paths) == 3
+    v = m.get_module("model.layers.1.self_attn.v_proj")
+    q = m.get_module("model.layers.1.self_attn.q_proj")
+    d = m.get_module("model.layers.1.mlp.down_proj")
+    assert (q.rank, q.alpha, v.rank, v.alpha, d.rank, d.alpha) == (4, 8, 2, 8, 4, 3.0)
+    assert v.lora_A.shape == (2, mf.HIDDEN) and v.lora_B.shape == (LINEAR_SHAPES["v_proj"][0], 2)
+    assert d.scale == pytest.approx(3.0 / 4)
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], "all-linear"])
+def test_only_adapters_train_and_count(hf_dir, targets):
+    r = 4
+    m = apply_lora(_model(hf_dir), {"targets": targets, "rank": r})
+    names = [n for n, _ in m.trainable()]
+    assert names and all(n.rsplit(".", 1)[-1] in ("lora_A", "lora_B") for n in names)
+    frozen = [n for n, p in m.named_parameters() if not p.requires_grad]
+    assert any("embed_tokens" in n for n in frozen) and any("norm" in n for n in frozen)
+    wanted = list(LINEAR_SHAPES) if targets == "all-linear" else targets
+    per_layer = sum(r * (LINEAR_SHAPES[t][0] + LINEAR_SHAPES[t][1]) for t in wanted)
+    assert m.trainable_parameters() == mf.LAYERS * per_layer
+
+
+def test_unknown_target_lists_available(hf_dir):
+    with pytest.raises(ConfigError, match="qproj") as e:
+        apply_lora(_model(hf_dir), {"targets": ["qproj"]})
+    for name in LINEAR_SHAPES:
+        assert name in str(e.value)
+    with pytest.raises(ConfigError, match="matched no"):
+        apply_lora(_model(hf_dir), {"targets": r"nothing\.here"})
+
+
+def test_kaiming_and_gaussian_init(hf_dir):
+    m = apply_lora(_model(hf_dir), {"targets": "all-linear", "rank": 8})
+    for path in m.lora_paths:
+        layer = m.get_module(path)
+        bound = 1 / np.sqrt(layer.in_features)
+        a = layer.lora_A.numpy()
+        assert np.abs(a).max() <= bound and np.abs(a).max() > 0.9 * bound
+        assert not layer.lora_B.numpy().any()
+    r = 8
+    m = apply_lora(_model(hf_dir), {"targets": "all-linear", "rank": r, "init": "gaussian"})
+    a = np.concatenate([m.get_module(p).lora_A.numpy().ravel() for p in m.lora_paths])
+    assert abs(a.std() * r - 1) < 0.05 and abs(a.mean()) < 0.01
+    assert not any(m.get_module(p).lora_B.numpy().any() for p in m.lora_paths)
+
+
+def test_initial_adapter_leaves_output_unchanged(hf_dir):
+    ids = np.arange(12, dtype=np.int32).reshape(2, 6) % mf.VOCAB
+    base = _model(hf_dir)
+    with without_autodiff():
+        want = base(ids).numpy()
+        got = apply_lora(_model(hf_dir), {"targets": "all-linear", "rank": 4})(ids).numpy()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_loftq_reduces_quantization_error(hf_dir):
+    r = 8
+    m = apply_lora(_model(hf_dir), {"targets": ["q_proj", "down_proj"], "rank": r, "alpha": 16,
+                                    "init": "loftq"})
+    from packlora.models.sources import open_source
+    src = open_source(hf_dir)
+    for path in m.lora_paths:
+        layer = m.get_module(path)
+        w = src.get(f"{path}.weight").astype(np.float64)
+        deq = layer.weight.dequantize().astype(np.float64)
+        err0 = np.linalg.norm(w - deq)
+        err1 = np.linalg.norm(w - deq - layer.delta_weight())
+        assert err1 < 0.9 * err0, path
+        assert layer.lora_B.numpy().any()
+
+
+def test_loftq_errors_on_gguf_and_float_bases(hf_dir, tmp_path):
+    path, _ = mf.write_gguf(tmp_path / "m.gguf", "llama", "Q4_0")
+    model = load_model(path, DEV, with_tokenizer=False)
+    with pytest.raises(ConfigError, match=r"loftq.*already quantized.*Q4_0|loftq.*q4_0"):
+        apply_lora(model, {"targets": ["q_proj"], "init": "loftq"})
+    with pytest.raises(ConfigError, match="loftq"):
+        apply_lora(_model(hf_dir, quant="none"), {"targets": ["q_proj"], "init": "loftq"})
+
+
+# --- PEFT format -----------------------------------------------------------------------------
+def _trained_like(model):
+    """Give every adapter tensor random values (as if trained)."""
+    for i, (_, p) in enumerate(model.trainable()):
+        p.data[...] = _rand(p.shape, 100 + i, 0.1)
+    return model
+
+
+@pytest.mark.parametrize("dora", [False, True])
+def test_save_adapter_peft_layout(hf_dir, tmp_path, dora):
+    m = apply_lora(_model(hf_dir), {"targets": ["q_proj", "up_proj"], "rank": 4, "alpha": 8,
+                                    "use_dora": dora, "rank_pattern": {"up_proj": 2}})
+    save_adapter(m, tmp_path)
+    with safe_open(str(tmp_path / "adapter_model.safetensors"), "np") as f:
+        assert f.metadata() == {"format": "pt"}
+        keys = set(f.keys())
+        shapes = {k: f.get_tensor(k).shape for k in keys}
+    want = set()
+    for i in range(mf.LAYERS):
+        for name, r in (("self_attn.q_proj", 4), ("mlp.up_proj", 2)):
+            pre = f"base_model.model.model.layers.{i}.{name}"
+            out, inp = LINEAR_SHAPES[name.split(".")[1]]
+            want |= {f"{pre}.lora_A.weight", f"{pre}.lora_B.weight"}
+            assert shapes[f"{pre}.lora_A.weight"] == (r, inp)
+            assert shapes[f"{pre}.lora_B.weight"] == (out, r)
+            if dora:
+                want.add(f"{pre}.lora_magnitude_vector")
+                assert shapes[f"{pre}.lora_magnitude_vector"] == (out,)
+    assert keys == want
+    cfg = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["task_type"] == "CAUSAL_LM"
+    assert cfg["r"] == 4 and cfg["lora_alpha"] == 8 and cfg["use_dora"] is dora
+    assert sorted(cfg["target_modules"]) == ["q_proj", "up_proj"]
+    assert cfg["rank_pattern"] == {f"model.layers.{i}.mlp.up_proj": 2 for i in range(mf.LAYERS)}
+    for key in ("lora_dropout", "use_rslora", "bias", "base_model_name_or_path", "fan_in_fan_out"):
+        assert key in cfg
+
+
+@pytest.mark.parametrize("dora", [False, True])
+def test_load_adapter_roundtrip_exact(hf_dir, tmp_path, dora):
+    m = _trained_like(apply_lora(_model(hf_dir), {"targets": "all-linear", "rank": 4,
+                                                  "alpha_pattern": {"o_proj": 5.0},
+                                                  "rank_pattern": {"gate_proj": 2},
+                                                  "use_rslora": True, "use_dora": dora}))
+    save_adapter(m, tmp_path)
+    fresh = load_adapter(_model(hf_dir, seed=9), tmp_path)
+    got, want = dict(fresh.trainable()), dict(m.trainable())
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name].numpy(), want[name].numpy())
+    for path in m.lora_paths:
+        a, b = m.get_module(path), fresh.get_module(path)
+        assert (a.rank, a.alpha, a.scale, a.use_dora) == (b.rank, b.alpha, b.scale, b.use_dora)
+    ids = (np.arange(16, dtype=np.int32) * 7 % mf.VOCAB).reshape(2, 8)
+    with without_autodiff():
+        np.testing.assert_array_equal(fresh(ids).numpy(), m(ids).numpy())
+
+
+@pytest.mark.parametrize("targets", [r".*\.1\.mlp\.up_proj", "all-linear"])
+def test_roundtrip_keeps_exactly_the_adapted_modules(hf_dir, tmp_path, targets):
+    m = _trained_like(apply_lora(_model(hf_dir), {"targets": targets, "rank": 2}))
+    save_adapter(m, tmp_path)
+    fresh = load_adapter(_model(hf_dir), tmp_path)
+    assert sorted(fresh.lora_paths) == sorted(m.lora_paths)
+    assert fresh.trainable_parameters() == m.trainable_parameters()
+
+
+def test_load_adapter_layers_to_transform_as_int(hf_dir, tmp_path):
+    m = _trained_like(apply_lora(_model(hf_dir), {"targets": ["k_proj"], "rank": 2,
+                                                  "layers": [1]}))
+    save_adapter(m, tmp_path)
+    cfg = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert cfg["layers_to_transform"] == [1]
+    cfg["layers_to_transform"] = 1  # PEFT allows a single int
+    (tmp_path / "adapter_config.json").write_text(json.dumps(cfg))
+    assert load_adapter(_model(hf_dir), tmp_path).lora_paths == ["model.layers.1.self_attn.k_proj"]
+
+
+def test_load_peft_style_keys(hf_dir, tmp_path):
+    """An adapter as PEFT's in-memory state dict names it: `.default.` keys, DoRA magnitude
+    with a `.weight` suffix."""
+    rng = np.random.default_rng(0)
+    tensors, pre = {}, "base_model.model.model.layers"
+    for i in range(mf.LAYERS):
+        out, inp = LINEAR_SHAPES["v_proj"]
+        tensors[f"{pre}.{i}.self_attn.v_proj.lora_A.default.weight"] = \
+            rng.standard_normal((2, inp)).astype(np.float32)
+        tensors[f"{pre}.{i}.self_attn.v_proj.lora_B.default.weight"] = \
+            rng.standard_normal((out, 2)).astype(np.float32)
+        tensors[f"{pre}.{i}.self_attn.v_proj.lora_magnitude_vector.default.weight"] = \
+            rng.random(out).astype(np.float32) + 0.5
+    save_file(tensors, str(tmp_path / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["v_proj"],
+         "use_dora": True, "lora_dropout": 0.1, "bias": "none"}))
+    m = load_adapter(_model(hf_dir), tmp_path)
+    assert len(m.lora_paths) == mf.LAYERS
+    for i in range(mf.LAYERS):
+        layer = m.get_module(f"model.layers.{i}.self_attn.v_proj")
+        assert layer.use_dora and layer.scale == 2.0
+        key = f"{pre}.{i}.self_attn.v_proj."
+        np.testing.assert_array_equal(layer.lora_A.numpy(), tensors[key + "lora_A.default.weight"])
+        np.testing.assert_array_equal(layer.lora_B.numpy(), tensors[key + "lora_B.default.weight"])
+        np.testing.assert_array_equal(layer.lora_magnitude_vector.numpy(),
+                                      tensors[key + "lora_magnitude_vector.default.weight"])

