@@ -1,12 +1,30 @@
 """packlora: LoRA/QLoRA fine-tuning on packed, quantized base weights."""
 from . import _env  # noqa: F401  (must run before numpy/numba are imported)
-from . import ops
+from . import memory, ops
+from .adapters import apply_lora, load_adapter, save_adapter
 from .autodiff import without_autodiff
+from .config import DataConfig, LoraConfig, QuantConfig, RunConfig, TrainConfig, load_config
 from .device import Device
 from .errors import (AutodiffError, ConfigError, DataError, DeviceError, ModelError,
                      PackloraError, QuantError, TrainingError)
+from .finetune import finetune
+from .generate import generate, generate_batch
+from .models import load_model
 from .tensor import Tensor, full, ones, randn, uniform, zeros
+from .trainer import train
 
-__all__ = ["Device", "Tensor", "ops", "without_autodiff", "zeros", "ones", "full", "randn",
-           "uniform", "DeviceError", "AutodiffError", "QuantError", "ModelError", "ConfigError",
+
+def merge(model, adapter, out, dtype="float32", quantize=None):
+    """Merge a PEFT-format adapter into `model` (a name, folder or .gguf) and write a Hugging Face
+    folder to `out` (float `dtype`, or packed in the `quantize` format), streaming tensor by
+    tensor."""
+    from .export import export_model
+    return export_model(model, out, adapter=adapter, dtype=dtype, quantize=quantize)
+
+
+__all__ = ["Device", "Tensor", "ops", "memory", "without_autodiff", "zeros", "ones", "full",
+           "randn", "uniform", "load_model", "generate", "generate_batch", "apply_lora",
+           "save_adapter", "load_adapter", "merge", "finetune", "train", "LoraConfig",
+           "TrainConfig", "QuantConfig", "DataConfig", "RunConfig", "load_config",
+           "DeviceError", "AutodiffError", "QuantError", "ModelError", "ConfigError",
            "DataError", "TrainingError", "PackloraError"]
