@@ -142,3 +142,16 @@ def _rss_peak():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     except (ImportError, OSError):
         return None
+
+
+# -- planning and measuring (implemented in memory_plan / memory_measure, imported lazily) ------
+def plan(config, overrides=(), **kwargs):
+    """The memory plan of a run from its config alone; see packlora.memory_plan.plan."""
+    from .memory_plan import plan as _plan
+    return _plan(config, overrides, **kwargs)
+
+
+def measure(config, steps=2, overrides=(), **kwargs):
+    """The plan plus `steps` real training steps measured; see packlora.memory_measure.measure."""
+    from .memory_measure import measure as _measure
+    return _measure(config, steps, overrides, **kwargs)

@@ -13,51 +13,70 @@ def _logits(xp, h, head, device):
     return kernels.linear_fwd(xp.ascontiguousarray(h, dtype=np.float32), head, device=device)
 
 
+def _ce_forward(xp, z, t, ignore):
+    """(lse (c,), summed nll) of a logits chunk."""
+    if xp is np and z.dtype == np.float32:
+        from ..kernels.cpu.softmax_ce import ce_rows
+        lse = np.empty(z.shape[0], np.float32)
+        nll = np.empty(z.shape[0], np.float32)
+        ce_rows(z, t.astype(np.int64, copy=False), ignore, lse, nll)
+        return lse, float(nll.sum(dtype=np.float64))
+    m = z.max(axis=1)
+    lse = m + xp.log(xp.exp(z - m[:, None]).sum(axis=1))
+    ok = t != ignore
+    picked = z[xp.arange(z.shape[0]), xp.where(ok, t, 0)]
+    return lse, float(((lse - picked) * ok).sum())
+
+
+def _ce_backward(xp, z, t, ignore, lse, scale):
+    """z <- (softmax(z) - onehot(t)) * scale in place (0 on ignored rows)."""
+    if xp is np and z.dtype == np.float32:
+        from ..kernels.cpu.softmax_ce import ce_grad_rows
+        ce_grad_rows(z, t.astype(np.int64, copy=False), ignore, lse, np.float32(scale))
+        return z
+    z -= lse[:, None]
+    xp.exp(z, out=z)
+    ok = t != ignore
+    z[xp.arange(z.shape[0]), xp.where(ok, t, 0)] -= 1.0
+    z *= (ok * scale).astype(z.dtype)[:, None]
+    return z
+
+
 class HeadCrossEntropy(Function):
     """Mean NLL of targets (N,) given hidden states h (N, D) and the head weight (V, D).
 
-    Forward keeps one chunk of logits at a time; backward recomputes each chunk's logits,
-    turns it into (softmax - onehot) in place and multiplies it back, chunk by chunk.
-    The head is a frozen dense Tensor or a PackedWeight (passed as `head`).
+    Forward keeps one chunk of logits at a time and saves only the row log-sum-exp; backward
+    recomputes each chunk's logits, turns it into (softmax - onehot) in place and multiplies it
+    back. The head is a frozen dense Tensor or a PackedWeight (passed as `head`).
     """
 
     def forward(self, h, targets, head=None, ignore_index=-100, chunk=256):
         xp, mem = self.xp, self.device.memory
-        valid = targets != ignore_index
-        self.count = max(int(valid.sum()), 1)
+        self.count = max(int((targets != ignore_index).sum()), 1)
         total = 0.0
+        lse = xp.empty(h.shape[0], dtype=np.float32)
         with mem.category("logits"):
             for i in range(0, h.shape[0], chunk):
                 z = mem.track(_logits(xp, h[i:i + chunk], head, self.device))  # (c, V)
-                m = z.max(axis=1)
-                lse = m + xp.log(xp.exp(z - m[:, None]).sum(axis=1))
-                t = targets[i:i + chunk]
-                ok = valid[i:i + chunk]
-                picked = z[xp.arange(z.shape[0]), xp.where(ok, t, 0)]
-                total += float(((lse - picked) * ok).sum())
+                lse[i:i + chunk], part = _ce_forward(xp, z, targets[i:i + chunk], ignore_index)
+                total += part
                 del z
         self.head, self.chunk, self.ignore = head, chunk, ignore_index
-        self.save(h, targets)
+        self.save(h, targets, lse)
         return xp.asarray(total / self.count, dtype=np.float32)
 
     def backward(self, g):
-        h, targets = self.saved
+        h, targets, lse = self.saved
         xp, mem = self.xp, self.device.memory
         dh = xp.empty_like(h)
         scale = float(g) / self.count
         with mem.category("logits"):
             for i in range(0, h.shape[0], self.chunk):
-                z = mem.track(_logits(xp, h[i:i + self.chunk], self.head, self.device))
-                z -= z.max(axis=1, keepdims=True)
-                xp.exp(z, out=z)
-                z /= z.sum(axis=1, keepdims=True)
-                t = targets[i:i + self.chunk]
-                ok = t != self.ignore
-                rows = xp.arange(z.shape[0])
-                z[rows, xp.where(ok, t, 0)] -= 1.0
-                z *= (ok * scale).astype(z.dtype)[:, None]
-                dh[i:i + self.chunk] = self._back(z)
-                del z
+                sl = slice(i, i + self.chunk)
+                z = mem.track(_logits(xp, h[sl], self.head, self.device))
+                dz = _ce_backward(xp, z, targets[sl], self.ignore, lse[sl], scale)
+                dh[sl] = self._back(dz)
+                del z, dz
         return dh, None
 
     def _back(self, dz):

@@ -1,0 +1,199 @@
+"""The memory plan: bytes per category and the step's peak, from the config alone (no weights)."""
+from .memory import CATEGORIES
+from .memory_activations import F32, BlockModel
+from .memory_inputs import plan_inputs
+
+# mirrors kernels/cpu/ops.py (batches up to these many rows use the fused, scratch-free kernels)
+FUSED_MAX_M, FUSED_MAX_M_BWD = 8, 16
+_GGUF = ("q4_0", "q4_1", "q8_0")
+
+
+# ----------------------------------------------------------------------------- dense scratch
+
+def _round_down(v, align):
+    return max(align, v // align * align)
+
+
+def tile_plan(m, p, r, cap, align_p, align_r):
+    """(mc, pc, rc) exactly as kernels/cpu/tiled.plan chooses them."""
+    if r * align_p <= cap:
+        return m, min(p, _round_down(cap // r, align_p)), r
+    pc = min(p, align_p)
+    half = cap // 2
+    return min(m, max(1, half // pc)), pc, min(r, _round_down(half // pc, align_r))
+
+
+def _tiled_elems(m, p, r, cap, align_p, align_r):
+    """float32 elements of scratch a tiled product (M, P) = (M, R) @ (R, P) asks for."""
+    mc, pc, rc = tile_plan(m, p, r, cap, align_p, align_r)
+    return pc * rc + (mc * pc if rc < r else 0)
+
+
+def scratch_need(storage, m, cap, backward):
+    """Scratch bytes of one packed matmul with m rows (0 on the fused small-batch path)."""
+    if not storage.packed:
+        return 0
+    n, k = storage.shape
+    align = 32 if storage.format in _GGUF else 1
+    if backward:
+        return 0 if m <= FUSED_MAX_M_BWD else F32 * _tiled_elems(m, k, n, cap, align, 1)
+    return 0 if m <= FUSED_MAX_M else F32 * _tiled_elems(m, n, k, cap, 1, align)
+
+
+def dense_scratch(inp):
+    """The reused scratch grows to the largest tile any packed matmul of the step needs."""
+    cap = inp.scratch_cap // F32
+    need = 0
+    for path, ad in inp.adapters.items():
+        st = inp.linears.get(path) or inp.head_storage
+        if ad.dora and st.packed:
+            need = max(need, min(st.shape[0], max(1, cap // st.shape[1])) * st.shape[1] * F32)
+    if inp.device != "cpu":
+        return need  # the CUDA kernels tile in shared memory, not in a scratch
+    bm = BlockModel(inp)
+    bm.forward(inp.grad_checkpointing)
+    for i in range(inp.model.num_layers if inp.grad_checkpointing else 0):
+        bm.recompute(i, i > 0)
+    for path, backward in bm.calls:
+        st = inp.linears[path]
+        need = max(need, scratch_need(st, inp.tokens, cap, False))
+        if backward:
+            need = max(need, scratch_need(st, inp.tokens, cap, True))
+    rows = min(inp.loss_chunk, inp.tokens)
+    head = inp.head_storage
+    return max(need, scratch_need(head, rows, cap, False), scratch_need(head, rows, cap, True))
+
+
+# ----------------------------------------------------------------------------- static parts
+
+def static_categories(inp):
+    base_packed = sum(st.nbytes for st in inp.linears.values())
+    base_other = sum(st.nbytes for st in inp.others.values())
+    adapters = sum(ad.params for ad in inp.adapters.values()) * F32
+    return {"base_packed": base_packed, "base_other": base_other,
+            "dense_scratch": dense_scratch(inp), "adapters": adapters,
+            "optimizer": 2 * adapters}
+
+
+def _grads_after(inp, i):
+    """Adapter gradient bytes of blocks > i (the head's adapters count as the last block)."""
+    per = getattr(inp, "_grads_per_block", None)
+    if per is None:
+        per = [0] * (inp.model.num_layers + 1)
+        for path, ad in inp.adapters.items():
+            layer = int(path.split(".")[2]) if path.startswith("model.") else -1
+            per[layer] += ad.params * F32
+        inp._grads_per_block = per
+    return sum(per[i + 1:])
+
+
+# ----------------------------------------------------------------------------- timeline
+
+def timeline(inp, checkpointing):
+    """[(moment, {category: bytes})] of one training step, in order."""
+    cfg, bm = inp.model, BlockModel(inp)
+    md = inp.tokens * cfg.hidden_size * F32
+    targets = inp.tokens * 8  # int64 labels the loss keeps
+    static = static_categories(inp)
+    grads_all = _grads_after(inp, -1)
+    accum = grads_all if inp.grad_accum > 1 else 0
+    logits = min(inp.loss_chunk, inp.tokens) * cfg.vocab_size * F32
+    g = bm.forward(checkpointing)
+
+    def moment(name, act, grads, lg=0):
+        cats = dict.fromkeys(CATEGORIES, 0)
+        cats.update(static)
+        cats.update(activations=act + targets, grads=grads, logits=lg)
+        return name, cats
+
+    out = [moment("forward end (LM head + loss)", g.held(), accum, logits)]
+    for i in reversed(range(cfg.num_layers)):
+        grads = max(accum, _grads_after(inp, i))
+        if checkpointing:
+            rec, _ = bm.recompute(i, i > 0)
+            after = md if i < cfg.num_layers - 1 else 0
+            # the next block's input grad is a tracked leaf (g_in); that block's input itself
+            # outlives its checkpoint: autodiff.backward's loop variable `p` still names it
+            out.append(moment(f"backward (block {i}, recomputed)", g.held(i) + rec + after,
+                              grads + after))
+        else:
+            out.append(moment(f"backward (block {i})", g.held(i), grads))
+    out.append(moment("optimizer step", 0, grads_all))
+    return out
+
+
+def grads_peak(inp, checkpointing):
+    """The grads category's own peak: with checkpointing a block's input grad is a tracked leaf
+    too (x.grad inside the recompute, plus the incoming one)."""
+    total = _grads_after(inp, -1)
+    if not checkpointing:
+        return total
+    md = inp.tokens * inp.model.hidden_size * F32
+    n = inp.model.num_layers
+    best = total + (md if n > 1 else 0)
+    for i in range(1, n):
+        best = max(best, _grads_after(inp, i - 1) + md + (md if i < n - 1 else 0))
+    return best
+
+
+def _mode_plan(inp, checkpointing):
+    moments = timeline(inp, checkpointing)
+    name, at = max(moments, key=lambda m: sum(m[1].values()))
+    cats = {c: max(m[1][c] for m in moments) for c in CATEGORIES}
+    cats["grads"] = grads_peak(inp, checkpointing)
+    return {"categories": cats, "peak_bytes": int(sum(at.values())), "peak_at": name,
+            "at_peak": at}
+
+
+def activation_detail(inp):
+    """Per-block activation bytes with and without checkpointing, and logits chunked vs full."""
+    bm = BlockModel(inp)
+    cfg = inp.model
+    last = cfg.num_layers - 1
+    rec, untracked = bm.recompute(last, True)
+    md = inp.tokens * cfg.hidden_size * F32
+    return {"per_block": rec - md, "per_block_untracked": untracked,
+            "per_block_parent_only": bm.recompute(last, True, parent_only=True),
+            "per_block_checkpointed": md, "recompute_block": rec,
+            "logits_chunk": min(inp.loss_chunk, inp.tokens) * cfg.vocab_size * F32,
+            "logits_full": inp.tokens * cfg.vocab_size * F32,
+            "logits_full_with_grad": 2 * inp.tokens * cfg.vocab_size * F32}
+
+
+def generation_plan(inp, static):
+    """KV cache of generation for the run's batch and sequence (the cache is preallocated)."""
+    cfg = inp.model
+    kv = 2 * cfg.num_layers * inp.batch * inp.seq * cfg.num_kv_heads * cfg.head_dim * F32
+    base = static["base_packed"] + static["base_other"] + static["adapters"]
+    logits = inp.batch * cfg.vocab_size * F32
+    return {"batch": inp.batch, "max_len": inp.seq, "kv_cache": kv,
+            "peak_bytes": base + static["dense_scratch"] + kv + logits}
+
+
+def plan_from_inputs(inp):
+    """The plan dict (see `plan`) for resolved PlanInputs."""
+    from .memory_alternatives import dense_alternatives
+    main = _mode_plan(inp, inp.grad_checkpointing)
+    other = _mode_plan(inp, not inp.grad_checkpointing)
+    on, off = (main, other) if inp.grad_checkpointing else (other, main)
+    main["checkpointing"] = {"on": {"peak_bytes": on["peak_bytes"], "peak_at": on["peak_at"],
+                                    "activations": on["categories"]["activations"]},
+                             "off": {"peak_bytes": off["peak_bytes"], "peak_at": off["peak_at"],
+                                     "activations": off["categories"]["activations"]}}
+    main["activations_detail"] = activation_detail(inp)
+    main["generation"] = generation_plan(inp, main["at_peak"])
+    return {"run": inp.run, "plan": main, "dense_alternatives": dense_alternatives(inp, main)}
+
+
+def plan(config, overrides=(), model=None, batch_size=None, seq_len=None,
+         grad_checkpointing=None):
+    """Plan the memory of a training step without loading weights.
+
+    config: a RunConfig, YAML path or run dict, or a model alone (config.json dict or path,
+    model folder, .gguf file, model name) planned with the run defaults. overrides: `key=value`
+    strings as on the CLI. model: replaces the run's model source (e.g. a folder holding only
+    config.json). Returns {"run", "plan": {"categories", "peak_bytes", "peak_at", ...},
+    "dense_alternatives": {...}}.
+    """
+    inp = plan_inputs(config, overrides, model, batch_size, seq_len, grad_checkpointing)
+    return plan_from_inputs(inp)

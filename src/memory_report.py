@@ -1,0 +1,145 @@
+"""`packlora memory-report`: the plan (and measurement) as a table, JSON or a stacked bar chart."""
+import json
+
+from .memory import CATEGORIES
+
+_ALT_NAMES = {"whole_model_fp32": "whole base dense, float32",
+              "whole_model_bf16": "whole base dense, bfloat16",
+              "per_layer_dequant": "full dequant per matmul (bnb/torchao/Unsloth)",
+              "dense_effective_weight": "dense W + s·B·A per layer (Burn 0.22)"}
+
+
+def mib(n):
+    return "—" if n is None else f"{n / 2**20:,.1f}"
+
+
+def report_dict(config, overrides=(), measure=False, steps=2):
+    """The JSON contract: {"run", "plan", "dense_alternatives"[, "measured"]}."""
+    if measure:
+        from .memory_measure import measure as run_measure
+        return run_measure(config, steps, overrides)
+    from .memory_plan import plan
+    return plan(config, overrides)
+
+
+def _category_table(rep):
+    from rich.table import Table
+    plan, meas = rep["plan"], rep.get("measured")
+    t = Table(title="memory by category (MiB; per-category peaks)")
+    t.add_column("category")
+    t.add_column("planned", justify="right")
+    t.add_column("at plan peak", justify="right")
+    if meas:
+        t.add_column("measured (tracker)", justify="right")
+        t.add_column("error", justify="right")
+    for c in CATEGORIES:
+        row = [c, mib(plan["categories"][c]), mib(plan["at_peak"][c])]
+        if meas:
+            err = meas["category_error_pct"].get(c)
+            row += [mib(meas["categories"][c]), "" if err is None else f"{err:+.1f}%"]
+        t.add_row(*row)
+    row = ["[bold]peak", f"[bold]{mib(plan['peak_bytes'])}", plan["peak_at"]]
+    if meas:
+        row += [f"[bold]{mib(meas['peak_bytes'])}", f"{meas['plan_error_pct']:+.1f}%"]
+    t.add_row(*row)
+    if meas:
+        vs = meas.get("tracker_vs_process_pct")
+        t.add_row(f"process ({meas['process_measure']})", "", "",
+                  mib(meas.get("process_peak_bytes")),
+                  "" if vs is None else f"tracker {vs:+.1f}%")
+        if meas.get("rss_peak_bytes"):
+            t.add_row("RSS peak (whole process)", "", "", mib(meas["rss_peak_bytes"]), "")
+    return t
+
+
+def _activation_table(rep):
+    from rich.table import Table
+    plan = rep["plan"]
+    det, ck = plan["activations_detail"], plan["checkpointing"]
+    t = Table(title="activations and logits (MiB)")
+    t.add_column("item")
+    t.add_column("bytes", justify="right")
+    t.add_row("one block, all activations kept", mib(det["per_block"]))
+    t.add_row("one block, checkpointed (its input)", mib(det["per_block_checkpointed"]))
+    for mode in ("off", "on"):
+        t.add_row(f"checkpointing {mode}: activations / step peak",
+                  f"{mib(ck[mode]['activations'])} / {mib(ck[mode]['peak_bytes'])}")
+    t.add_row("logits: one loss chunk", mib(det["logits_chunk"]))
+    t.add_row("logits: full (and with their gradient)",
+              f"{mib(det['logits_full'])} ({mib(det['logits_full_with_grad'])})")
+    gen = plan["generation"]
+    t.add_row(f"generation: KV cache (batch {gen['batch']}, {gen['max_len']} positions)",
+              mib(gen["kv_cache"]))
+    return t
+
+
+def _alternatives_table(rep):
+    from rich.table import Table
+    t = Table(title="the price of dense expansion (MiB)")
+    for col in ("the same run, with", "extra", "peak", "× packlora"):
+        t.add_column(col, justify="left" if col.startswith("the") else "right")
+    t.add_row("packlora (packed, bounded scratch)", "0", mib(rep["plan"]["peak_bytes"]), "1.00")
+    for key, alt in rep["dense_alternatives"].items():
+        t.add_row(_ALT_NAMES[key], mib(alt["extra_bytes"]), mib(alt["peak_bytes"]),
+                  f"{alt['ratio_to_packlora']:.2f}")
+    return t
+
+
+def print_report(rep, console=None):
+    from rich.console import Console
+    console = console or Console()
+    run = rep["run"]
+    console.print(f"[bold]{run['model']}[/]  batch {run['batch_size']} × seq {run['seq_len']}, "
+                  f"checkpointing {'on' if run['grad_checkpointing'] else 'off'}, "
+                  f"quant {run['quant']['format']}, LoRA r={run['lora']['rank']}")
+    for table in (_category_table(rep), _activation_table(rep), _alternatives_table(rep)):
+        console.print(table)
+
+
+def plot_report(rep, path):
+    """Stacked bars: planned and measured by category, then the dense alternatives."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    bars = [("planned", rep["plan"]["at_peak"])]
+    if rep.get("measured"):
+        bars.append(("measured", rep["measured"]["categories"]))
+    fig, ax = plt.subplots(figsize=(9, 5))
+    cats = [c for c in CATEGORIES if any(b[1].get(c) for b in bars)]
+    colors = plt.get_cmap("tab10")
+    for x, (_, values) in enumerate(bars):
+        bottom = 0.0
+        for j, c in enumerate(cats):
+            v = values.get(c, 0) / 2**20
+            ax.bar(x, v, bottom=bottom, color=colors(j), label=c if x == 0 else None)
+            bottom += v
+    names = [b[0] for b in bars]
+    alts = rep["dense_alternatives"]
+    for k, (key, alt) in enumerate(alts.items()):
+        x = len(bars) + k
+        ax.bar(x, alt["peak_bytes"] / 2**20, color="0.6", hatch="//")
+        ax.text(x, alt["peak_bytes"] / 2**20, f"{alt['ratio_to_packlora']:.2f}×",
+                ha="center", va="bottom", fontsize=8)
+        names.append(_ALT_NAMES[key].split(" (")[0].replace(", ", "\n"))
+    ax.set_xticks(range(len(names)), names, fontsize=7)
+    ax.set_ylabel("MiB")
+    ax.set_title(f"memory of one training step: {rep['run']['model']}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_memory_report(args):
+    """CLI entry: args has config, overrides, measure, steps, json, plot."""
+    rep = report_dict(args.config, args.overrides or (), args.measure, args.steps)
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        print_report(rep)
+    if args.plot:
+        plot_report(rep, args.plot)
+        if not args.json:
+            print(f"wrote {args.plot}")
+    return rep
