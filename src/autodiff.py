@@ -68,9 +68,20 @@ class Function:
         arrays = [t.data if isinstance(t, Tensor) else t for t in inputs]
         out = fn.forward(*arrays, **kwargs)
         if record:
-            fn.parents = tuple(t if isinstance(t, Tensor) else None for t in inputs)
+            fn.parents = tuple(parent_ref(t) for t in inputs)
             return Tensor(out, device, _fn=fn)
         return Tensor(out, device)
+
+
+def parent_ref(t):
+    """What the tape keeps of an input: the Function that made it, or the trainable leaf itself.
+    Never an intermediate Tensor, so its data is freed unless some op saved it."""
+    from .tensor import Tensor
+    if not isinstance(t, Tensor):
+        return None
+    if t._fn is not None:
+        return t._fn
+    return t if t.requires_grad else None
 
 
 def _common_device(inputs):
@@ -105,8 +116,8 @@ def _topo_order(root_fn):
         seen.add(id(fn))
         stack.append((fn, True))
         for p in fn.parents:
-            if p is not None and p._fn is not None and id(p._fn) not in seen:
-                stack.append((p._fn, False))
+            if isinstance(p, Function) and id(p) not in seen:
+                stack.append((p, False))
     return order[::-1]
 
 
@@ -137,14 +148,12 @@ def backward(tensor, grad=None):
         for p, gi, need in zip(parents, in_grads, needs):
             if not need or gi is None or p is None:
                 continue
-            if p._fn is not None:
-                key = id(p._fn)
-                if key in grads:
-                    grads[key] = grads[key] + gi
-                else:
-                    grads[key] = gi
-            elif p.requires_grad:
+            if isinstance(p, Function):
+                key = id(p)
+                grads[key] = grads[key] + gi if key in grads else gi
+            else:
                 _accumulate_leaf(p, gi)
+        parents = p = gi = None  # drop references before the next node runs
 
 
 def _accumulate_leaf(leaf, g):

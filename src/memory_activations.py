@@ -1,8 +1,8 @@
 """Activation memory of a training step, from the ops' saved arrays and the tape's references.
 
-A symbolic run of the decoder: every op output is a buffer; a recorded op holds its inputs (the
-tape keeps parent Tensors) and what it saves until its backward runs. Buffers nobody holds are
-freed at once. Backward walks blocks from the last to the first, so a buffer lives until the
+A symbolic run of the decoder: every op output is a buffer; a recorded op holds what it saves
+until its backward runs (the tape links ops, not input data). Buffers nobody holds are freed at
+once. Backward walks blocks from the last to the first, so a buffer lives until the
 block of its earliest holder is done. Mirrors src/models/llama.py and the ops it calls:
 RMSNorm saves r (rows,); RoPE keeps only the cos/sin tables; Attention saves grouped q, contiguous
 k and v, the output, the row log-sum-exp and the causal mask; LoraMatmul saves x (a view), x·Aᵀ
@@ -41,10 +41,9 @@ class Graph:
 
     def op(self, inputs, out, saves=(), record=None):
         rec = any(v.tracked for v in inputs) if record is None else record
-        if rec:
-            for b in [v.buf for v in inputs] + list(saves):
-                b.holder = self.layer if b.holder is None else min(b.holder, self.layer)
+        if rec:  # the tape keeps only what an op saves (parents are nodes, not data)
             for b in saves:
+                b.holder = self.layer if b.holder is None else min(b.holder, self.layer)
                 b.saved = True
         return Val(out, rec)
 

@@ -71,11 +71,13 @@ def test_adapter_grads_optimizer_logits_kv_by_hand():
 
 
 def hand_block(b, t, r, input_tracked):
-    """Activation bytes one decoder block keeps for backward (all-linear LoRA, no dropout)."""
+    """Activation bytes one decoder block keeps for backward (all-linear LoRA, no dropout).
+    The tape keeps only what ops save, never an intermediate just because it was an input."""
     m = b * t
-    floats = (6 * m * D                 # norm1 out, o_proj out, h1, norm2 out, down out, h2
-              + 5 * m * H * HD          # q out, rope(q), grouped q, attention out (2 copies)
-              + 5 * m * HKV * HD        # k out, v out, rope(k), contiguous k and v
+    floats = ((3 + input_tracked) * m * D  # block input (norm1, if recorded), norm1 out, h1,
+                                           # norm2 out
+              + 3 * m * H * HD          # grouped q, attention out, its (B, T, H*D) copy
+              + 2 * m * HKV * HD        # contiguous k and v
               + 3 * m * F               # gate, up, silu(gate)*up
               + 7 * m * r               # x @ A.T per adapter
               + m * (2 if input_tracked else 1)  # rms factors (norm1 unrecorded in block 0)
@@ -87,13 +89,13 @@ def hand_block(b, t, r, input_tracked):
 def test_activations_by_hand(b, t):
     ov = [f"train.batch_size={b}", f"data.max_seq_len={t}"]
     m, md = b * t, b * t * D * 4
-    tail = md + 4 * m + 8 * m  # final norm out and factors, int64 targets
+    tail = 2 * md + 4 * m + 8 * m  # final norm in, out and factors, int64 targets
     off = _plan(ov)["plan"]
-    want = md + hand_block(b, t, 4, False) + hand_block(b, t, 4, True) + tail
+    want = hand_block(b, t, 4, False) + hand_block(b, t, 4, True) + tail
     assert off["categories"]["activations"] == want
     assert off["peak_at"].startswith("forward end")
     on = _plan(ov + ["train.grad_checkpointing=true"])["plan"]
-    fwd = (L + 1) * md + tail
+    fwd = L * md + tail  # each checkpoint keeps its block's input
     last = L * md + hand_block(b, t, 4, True) + 8 * m  # inputs kept + block recomputed
     first = 2 * md + hand_block(b, t, 4, False) + 8 * m  # + block 1's input, still referenced
     assert on["categories"]["activations"] == max(fwd, last, first)

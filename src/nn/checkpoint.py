@@ -39,5 +39,5 @@ def checkpoint(block, x, *args):
         return block(x, *args)
     fn = Checkpoint(dev, (x.is_tracked(),))
     out = fn.forward(x.data, block=block, args=args)
-    fn.parents = (x,)
+    fn.parents = (autodiff.parent_ref(x),)
     return Tensor(out, dev, _fn=fn)
