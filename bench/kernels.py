@@ -64,7 +64,8 @@ def median_time(fn, budget_s=0.4, min_reps=3, max_reps=9):
     fn()  # warm-up (compilation, page faults of the output)
     times = []
     start = time.perf_counter()
-    while len(times) < min_reps or (len(times) < max_reps and time.perf_counter() - start < budget_s):
+    while len(times) < min_reps or (len(times) < max_reps
+                                    and time.perf_counter() - start < budget_s):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -101,7 +102,8 @@ def bench_shape(name, N, K, ms, formats, dev, rng):
                 "fwd_ratio": round(fwd / dense_f, 3), "bwd_ratio": round(bwd / dense_b, 3),
                 "dense_fwd_ms": round(dense_f * 1e3, 3), "dense_bwd_ms": round(dense_b * 1e3, 3),
                 "fwd_peak_extra_bytes": peak_extra(lambda: linear_fwd(x, w, device=dev), M * N * 4),
-                "bwd_peak_extra_bytes": peak_extra(lambda: linear_bwd(dy, w, device=dev), M * K * 4),
+                "bwd_peak_extra_bytes": peak_extra(lambda: linear_bwd(dy, w, device=dev),
+                                                   M * K * 4),
             })
     return rows
 
@@ -124,10 +126,12 @@ def targets(rows):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="a small subset (no M=2048 Llama shapes)")
-    ap.add_argument("--formats", default=None, help="comma-separated subset of " + ",".join(FORMATS))
+    ap.add_argument("--formats", default=None,
+                    help="comma-separated subset of " + ",".join(FORMATS))
     ap.add_argument("--ms", default=None, help="comma-separated batch sizes")
     args = ap.parse_args(argv)
-    formats = args.formats.split(",") if args.formats else (QUICK_FORMATS if args.quick else FORMATS)
+    default = QUICK_FORMATS if args.quick else FORMATS
+    formats = args.formats.split(",") if args.formats else default
     ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else MS
     names = QUICK_SHAPES if args.quick else tuple(SHAPES)
     dev = Device.cpu()
@@ -139,7 +143,8 @@ def main(argv=None):
         rows += bench_shape(name, N, K, shape_ms, formats, dev, rng)
     doc = {
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "numba_threads": get_num_threads(), "fused_max_m": [cpu_ops.FUSED_MAX_M, cpu_ops.FUSED_MAX_M_BWD],
+                    "numba_threads": get_num_threads(),
+                    "fused_max_m": [cpu_ops.FUSED_MAX_M, cpu_ops.FUSED_MAX_M_BWD],
                     "scratch_cap_bytes": dev.scratch_cap},
         "results": rows,
         "targets": targets(rows),

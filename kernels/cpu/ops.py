@@ -36,7 +36,8 @@ def _buf(w, name, dtype):
         raise QuantError(f"packed {w.format} weight of shape {w.shape} has no buffer {name!r}")
     arr = w.buffers[name]
     if arr.dtype != dtype:
-        raise QuantError(f"packed {w.format} buffer {name!r} is {arr.dtype}, expected {np.dtype(dtype)}")
+        raise QuantError(f"packed {w.format} buffer {name!r} is {arr.dtype}, "
+                         f"expected {np.dtype(dtype)}")
     return np.ascontiguousarray(arr).reshape(-1)
 
 
@@ -46,7 +47,8 @@ def pack_args(w):
     if fam is None:
         raise QuantError(f"unknown packed format {w.format!r}; known: {', '.join(_FAMILY)}")
     if len(w.shape) != 2:
-        raise QuantError(f"packed {w.format} weight has shape {w.shape}; the kernels need 2-D (N, K)")
+        raise QuantError(f"packed {w.format} weight has shape {w.shape}; "
+                         "the kernels need 2-D (N, K)")
     K = int(w.shape[1])
     dq = bool(getattr(w, "double_quant", False)) and fam == BNB4
     u8, i8, f32, pair = _U8, _I8, _F32, _PAIR0

@@ -20,7 +20,8 @@ def tokens_and_mask(item: tuple, tokenizer, train_on_inputs: bool,
     ids, is_response = tokenizer.chat_token_masks(item[1])
     ids, is_response = list(ids), [bool(r) for r in is_response]
     if len(ids) != len(is_response):
-        raise DataError(f"{where}: the tokenizer returned {len(ids)} ids but {len(is_response)} mask entries")
+        raise DataError(f"{where}: the tokenizer returned {len(ids)} ids but "
+                        f"{len(is_response)} mask entries")
     return ids, ([True] * len(ids) if train_on_inputs else is_response)
 
 
