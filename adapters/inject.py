@@ -4,6 +4,7 @@ import re
 import numpy as np
 
 from ..errors import ConfigError
+from ..lora_targets import matches, pattern_value
 from ..nn import Linear, PackedLinear
 from ..tensor import Tensor
 from .lora import LoraLinear
@@ -22,21 +23,6 @@ def linear_modules(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, (Linear, PackedLinear))]
 
 
-def _matches(path, targets):
-    if targets == "all-linear":
-        return not path.endswith("lm_head")
-    if isinstance(targets, str):
-        return re.fullmatch(targets, path) is not None
-    return any(path == t or path.endswith("." + t) for t in targets)
-
-
-def _pattern_value(path, patterns, default):
-    for pattern, value in (patterns or {}).items():
-        if re.search(pattern, path):
-            return value
-    return default
-
-
 def select_targets(model, cfg):
     """Paths of the linear layers the config targets; unknown names are a ConfigError."""
     targets = _cfg_get(cfg, "targets", ["q_proj", "v_proj"])
@@ -45,7 +31,7 @@ def select_targets(model, cfg):
         layers = [layers]
     found = []
     for path, _ in linear_modules(model):
-        if not _matches(path, targets):
+        if not matches(path, targets):
             continue
         m = _LAYER_RE.search(path)
         if layers is not None and (m is None or int(m.group(1)) not in set(layers)):
@@ -85,8 +71,8 @@ def apply_lora(model, cfg):
     mem = device.memory
     for path in paths:
         base = model.get_module(path)
-        rank = int(_pattern_value(path, _cfg_get(cfg, "rank_pattern"), _cfg_get(cfg, "rank", 8)))
-        alpha = float(_pattern_value(path, _cfg_get(cfg, "alpha_pattern"),
+        rank = int(pattern_value(path, _cfg_get(cfg, "rank_pattern"), _cfg_get(cfg, "rank", 8)))
+        alpha = float(pattern_value(path, _cfg_get(cfg, "alpha_pattern"),
                                      _cfg_get(cfg, "alpha", 16)))
         layer = LoraLinear(base, rank, alpha, _cfg_get(cfg, "dropout", 0.0),
                            _cfg_get(cfg, "use_rslora", False), _cfg_get(cfg, "use_dora", False))

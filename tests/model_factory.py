@@ -219,3 +219,23 @@ def gguf_reference_weights(stored, arch):
             arr = arr[inv]
         out[name] = np.asarray(arr, np.float32)
     return out
+
+
+def write_chatml_tokenizer(folder):
+    """A byte-level BPE tokenizer (no merges) with ChatML specials; returns its vocab size."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    specials = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    tok.save(str(Path(folder) / "tokenizer.json"))
+    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+                "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
+                "{{ '<|im_start|>assistant\n' }}{% endif %}")
+    (Path(folder) / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "<|im_end|>", "pad_token": "</s>",
+         "chat_template": template}))
+    return len(vocab)

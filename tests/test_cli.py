@@ -19,31 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOL = "smollm2-135m-instruct"
 
 
-def _write_tokenizer(folder):
-    """Byte-level BPE (no merges) with ChatML specials and template; returns the vocab size."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
-    specials = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(specials)
-    tok.save(str(folder / "tokenizer.json"))
-    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
-                "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
-                "{{ '<|im_start|>assistant\n' }}{% endif %}")
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "<|im_end|>", "chat_template": template}))
-    return len(vocab)
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("cli")
     folder = d / "model"
     folder.mkdir()
-    vocab = _write_tokenizer(folder)
+    vocab = mf.write_chatml_tokenizer(folder)
     w = mf.random_weights("llama", 0)
     rng = np.random.default_rng(1)
     w["model.embed_tokens.weight"] = rng.standard_normal((vocab, mf.HIDDEN)).astype(np.float32)

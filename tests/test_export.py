@@ -21,25 +21,11 @@ SMOL = "smollm2-135m-instruct"
 IDS = (np.arange(24, dtype=np.int32) * 37 % 120).reshape(2, 12)
 
 
-def _write_tokenizer(folder):
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
-    specials = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(specials)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
-    return len(vocab)
-
-
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
     folder = tmp_path_factory.mktemp("export") / "model"
     folder.mkdir()
-    vocab = _write_tokenizer(folder)
+    vocab = mf.write_chatml_tokenizer(folder)
     w = mf.random_weights("llama", 0)
     rng = np.random.default_rng(1)
     w["model.embed_tokens.weight"] = rng.standard_normal((vocab, mf.HIDDEN)).astype(np.float32)

@@ -23,31 +23,11 @@ from packlora.trainer import Trainer, evaluate
 
 
 # --- a tiny chat model and data ---------------------------------------------------------------
-def write_tokenizer(folder):
-    """A byte-level BPE tokenizer (no merges) with ChatML specials; returns its vocab size."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
-    specials = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(specials)
-    tok.save(str(Path(folder) / "tokenizer.json"))
-    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
-                "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
-                "{{ '<|im_start|>assistant\n' }}{% endif %}")
-    (Path(folder) / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "<|im_end|>", "pad_token": "</s>",
-         "chat_template": template}))
-    return len(vocab)
-
-
 def tiny_chat_model(folder, seed=0):
     """A random tiny Llama HF folder whose vocabulary is the tokenizer's."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer(folder)
+    vocab = mf.write_chatml_tokenizer(folder)
     w = mf.random_weights("llama", seed)
     rng = np.random.default_rng(seed + 1)
     w["model.embed_tokens.weight"] = rng.standard_normal((vocab, mf.HIDDEN)).astype(np.float32)
