@@ -1,9 +1,8 @@
 """Matmuls with packed quantized weights: y = x @ W.T and dx = dy @ W, without expanding W."""
 import numpy as np
 
+from ..device import DEFAULT_SCRATCH_CAP
 from ..errors import QuantError
-
-DEFAULT_SCRATCH_CAP = 4 << 20  # bytes, the same default as Device.scratch_cap
 
 
 class _ModuleScratch:

@@ -54,6 +54,7 @@ def finetune(config_or_path, overrides=(), progress=True):
     out = prepare_output_dir(cfg)
     device = Device.parse(cfg.device).autodiff()
     device.seed(cfg.train.seed)
+    device.set_scratch_cap(cfg.scratch_mib << 20)
     model = load_model(cfg.model, device, quant=cfg.quant)
     apply_lora(model, cfg.lora)
     train_ex, valid_ex, stats = build_datasets(cfg.data, model.tokenizer, cfg.train.seed)

@@ -7,6 +7,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .device import DEFAULT_SCRATCH_CAP
 from .errors import ConfigError, ModelError
 from .lora_targets import matches, pattern_value
 
@@ -72,7 +73,7 @@ class PlanInputs:
     loss_chunk: int
     grad_accum: int = 1
     device: str = "cpu"
-    scratch_cap: int = 4 << 20
+    scratch_cap: int = DEFAULT_SCRATCH_CAP
     run: dict = field(default_factory=dict)  # the run settings, for the report
     _grads_per_block: list | None = None
 
@@ -270,7 +271,7 @@ def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
         grad_checkpointing=bool(tr.grad_checkpointing if grad_checkpointing is None
                                 else grad_checkpointing),
         loss_chunk=int(tr.loss_chunk), grad_accum=int(tr.grad_accum),
-        device=run.device.split(":")[0], scratch_cap=int(scratch_cap or 4 << 20))
+        device=run.device.split(":")[0], scratch_cap=int(scratch_cap or run.scratch_mib << 20))
     inputs.run = {"model": header.path, "device": run.device, "quant": quant,
                   "lora": {"rank": run.lora.rank, "targets": run.lora.targets,
                            "dropout": run.lora.dropout, "use_dora": run.lora.use_dora},

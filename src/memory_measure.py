@@ -79,7 +79,7 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
     import matplotlib.pyplot  # noqa: F401
     dev = Device.parse(run.device).autodiff()
     mem = dev.memory
-    dev.set_scratch_cap(dev.scratch_cap)  # drop a scratch an earlier run grew
+    dev.set_scratch_cap(run.scratch_mib << 20)  # also drops a scratch an earlier run grew
     dev.seed(run.train.seed)
     tracing_before = dev.kind == "cpu" and __import__("tracemalloc").is_tracing()
     gc.collect()
