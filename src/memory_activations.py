@@ -134,7 +134,8 @@ class BlockModel:
     def head(self, g, h):
         g.layer = self.cfg.num_layers
         nf = self.reshape(g, self.rmsnorm(g, h, self.M, self.cfg.hidden_size))
-        return g.op([nf], g.new(F32), [nf.buf])  # head + loss saves h (and the targets)
+        # head + loss saves dh (the input's gradient, computed in the forward) and the targets
+        return g.op([nf], g.new(F32), [g.new(self.M * self.cfg.hidden_size * F32)])
 
     # -- whole forward ----------------------------------------------------------------------------
     def forward(self, checkpointing):

@@ -106,7 +106,8 @@ def timeline(inp, checkpointing):
         cats.update(activations=act + targets, grads=grads, logits=lg)
         return name, cats
 
-    out = [moment("forward end (LM head + loss)", g.held(), accum, logits)]
+    # while the loss runs, its input (the final norm's output) is live next to dh and a chunk
+    out = [moment("forward end (LM head + loss)", g.held() + md, accum, logits)]
     for i in reversed(range(cfg.num_layers)):
         grads = max(accum, _grads_after(inp, i))
         if checkpointing:

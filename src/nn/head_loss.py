@@ -45,39 +45,34 @@ def _ce_backward(xp, z, t, ignore, lse, scale):
 class HeadCrossEntropy(Function):
     """Mean NLL of targets (N,) given hidden states h (N, D) and the head weight (V, D).
 
-    Forward keeps one chunk of logits at a time and saves only the row log-sum-exp; backward
-    recomputes each chunk's logits, turns it into (softmax - onehot) in place and multiplies it
-    back. The head is a frozen dense Tensor or a PackedWeight (passed as `head`).
+    One chunk of logits exists at a time. When h needs a gradient, the forward turns each chunk
+    into (softmax - onehot) / count in place right away and multiplies it back into dh (the loss
+    is a scalar, so backward only scales dh by the incoming gradient): no logits are recomputed.
+    The head is a frozen dense Tensor or a PackedWeight (passed as `head`).
     """
 
     def forward(self, h, targets, head=None, ignore_index=-100, chunk=256):
         xp, mem = self.xp, self.device.memory
-        self.count = max(int((targets != ignore_index).sum()), 1)
+        self.head = head
+        count = max(int((targets != ignore_index).sum()), 1)
+        dh = mem.track(xp.empty_like(h)) if self.needs[0] else None  # (N, D)
         total = 0.0
-        lse = xp.empty(h.shape[0], dtype=np.float32)
         with mem.category("logits"):
             for i in range(0, h.shape[0], chunk):
-                z = mem.track(_logits(xp, h[i:i + chunk], head, self.device))  # (c, V)
-                lse[i:i + chunk], part = _ce_forward(xp, z, targets[i:i + chunk], ignore_index)
+                sl = slice(i, i + chunk)
+                z = mem.track(_logits(xp, h[sl], head, self.device))  # (c, V)
+                lse, part = _ce_forward(xp, z, targets[sl], ignore_index)
                 total += part
+                if dh is not None:
+                    dh[sl] = self._back(_ce_backward(xp, z, targets[sl], ignore_index, lse,
+                                                     1.0 / count))
                 del z
-        self.head, self.chunk, self.ignore = head, chunk, ignore_index
-        self.save(h, targets, lse)
-        return xp.asarray(total / self.count, dtype=np.float32)
+        self.save(dh)
+        return xp.asarray(total / count, dtype=np.float32)
 
     def backward(self, g):
-        h, targets, lse = self.saved
-        xp, mem = self.xp, self.device.memory
-        dh = xp.empty_like(h)
-        scale = float(g) / self.count
-        with mem.category("logits"):
-            for i in range(0, h.shape[0], self.chunk):
-                sl = slice(i, i + self.chunk)
-                z = mem.track(_logits(xp, h[sl], self.head, self.device))
-                dz = _ce_backward(xp, z, targets[sl], self.ignore, lse[sl], scale)
-                dh[sl] = self._back(dz)
-                del z, dz
-        return dh, None
+        (dh,) = self.saved
+        return dh * g.astype(dh.dtype), None
 
     def _back(self, dz):
         if isinstance(self.head, Tensor):
