@@ -46,6 +46,9 @@ def blocked_mask(xp, t, s, groups, key_valid=None):
     return ~(allowed & (key_valid[:, None, None, :] | own))
 
 
+SCORE_BYTES = 32 << 20  # the backward's score matrices of one batch slice stay under this
+
+
 class Attention(Function):
     """q: (B, T, H, D); k, v: (B, S, Hkv, D), S >= T (a KV cache makes S > T) -> (B, T, H, D)."""
 
@@ -74,28 +77,39 @@ class Attention(Function):
         return _ungroup(og, t)
 
     def backward(self, g):
-        # works on transposed scores (S x G*T) so every big matmul operand is contiguous
+        # batch rows in slices, so the two (S x G*T) score matrices stay a bounded transient
         xp = self.xp
         qg, kc, vv, og, lse, blocked = self.saved
-        n_kv = kc.shape[1]
+        b, n_kv, gt, d = qg.shape
         dog = _group_q(g, n_kv)  # (B, Hkv, G*T, D)
-        pt = kc @ _contig_t(xp, qg)  # (B, Hkv, S, G*T)
+        per_row = 2 * n_kv * gt * kc.shape[2] * qg.itemsize
+        step = max(1, min(b, SCORE_BYTES // max(per_row, 1)))
+        dqg, dkc, dvv = xp.empty_like(qg), xp.empty_like(kc), xp.empty_like(vv)
+        for b0 in range(0, b, step):
+            sl = slice(b0, b0 + step)
+            mask = blocked[sl] if blocked.ndim == 4 else blocked
+            self._backward_rows(qg[sl], kc[sl], vv[sl], og[sl], lse[sl], mask, dog[sl],
+                                dqg[sl], dkc[sl], dvv[sl])
+        dq = _ungroup(dqg, self.t) if self.needs[0] else None
+        dk = dkc.transpose(0, 2, 1, 3) if self.needs[1] else None  # (B, S, Hkv, D)
+        dv = dvv.transpose(0, 2, 1, 3) if self.needs[2] else None
+        return dq, dk, dv, None, None
+
+    def _backward_rows(self, qg, kc, vv, og, lse, blocked, dog, dqg, dkc, dvv):
+        """Gradients of one slice of batch rows; works on transposed scores (S x G*T) so every
+        big matmul operand is contiguous."""
+        xp = self.xp
+        pt = kc @ _contig_t(xp, qg)  # (b, Hkv, S, G*T)
         pt *= self.scale
         pt -= _contig_t(xp, lse)
         xp.copyto(pt, -xp.inf, where=xp.swapaxes(blocked, -1, -2))
         xp.exp(pt, out=pt)
-        dq = dk = dv = None
-        if self.needs[2]:
-            dv = (pt @ dog).transpose(0, 2, 1, 3)  # (B, S, Hkv, D)
-        dpt = vv @ _contig_t(xp, dog)  # (B, Hkv, S, G*T)
-        delta = (dog * og).sum(axis=-1, keepdims=True)  # (B, Hkv, G*T, 1)
+        dvv[...] = pt @ dog  # (b, Hkv, S, D)
+        dpt = vv @ _contig_t(xp, dog)  # (b, Hkv, S, G*T)
+        delta = (dog * og).sum(axis=-1, keepdims=True)  # (b, Hkv, G*T, 1)
         dpt -= _contig_t(xp, delta)
         dpt *= pt
         dpt *= self.scale
         del pt
-        if self.needs[0]:
-            dqt = _contig_t(xp, kc) @ dpt  # (B, Hkv, D, G*T)
-            dq = _ungroup(_contig_t(xp, dqt), self.t)
-        if self.needs[1]:
-            dk = (dpt @ qg).transpose(0, 2, 1, 3)  # (B, S, Hkv, D)
-        return dq, dk, dv, None, None
+        dqg[...] = _contig_t(xp, _contig_t(xp, kc) @ dpt)  # (b, Hkv, G*T, D)
+        dkc[...] = dpt @ qg  # (b, Hkv, S, D)
