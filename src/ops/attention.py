@@ -46,7 +46,7 @@ def blocked_mask(xp, t, s, groups, key_valid=None):
     return ~(allowed & (key_valid[:, None, None, :] | own))
 
 
-SCORE_BYTES = 32 << 20  # the backward's score matrices of one batch slice stay under this
+SCORE_BYTES = 8 << 20  # the backward's score matrices of one batch slice stay under this
 
 
 class Attention(Function):
