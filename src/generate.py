@@ -45,13 +45,9 @@ def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eo
                     pad=pad)
     outs = [[] for _ in id_lists]
     done = [False] * len(id_lists)
-    was_training = model.training
-    model.eval()  # no dropout, and no draws from the device generator
-    try:
+    with model.evaluating():  # no dropout, and no draws from the device generator
         _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, top_p, top_k,
                      rng, eos_ids, stop, pad_id)
-    finally:
-        model.train(was_training)
     return outs
 
 

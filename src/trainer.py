@@ -17,17 +17,12 @@ def evaluate(model, examples, batch_size, pad_id=0, chunk=256):
     """Mean loss per target token over `examples` (no gradients recorded, dropout off)."""
     batches = Batches(examples, batch_size, shuffle=False, pad_id=pad_id)
     total, count = 0.0, 0
-    was_training = model.training
-    model.eval()  # no dropout: a deterministic measure that draws nothing from the device RNG
-    try:
-        with without_autodiff(), model.device.memory.category("activations"):
-            for ids, labels in batches.epoch_batches():
-                n = int((labels != -100).sum())
-                if n:
-                    total += model.target_loss(ids, labels, chunk=chunk).item() * n
-                    count += n
-    finally:
-        model.train(was_training)
+    with model.evaluating(), without_autodiff(), model.device.memory.category("activations"):
+        for ids, labels in batches.epoch_batches():
+            n = int((labels != -100).sum())
+            if n:
+                total += model.target_loss(ids, labels, chunk=chunk).item() * n
+                count += n
     return total / max(count, 1)
 
 

@@ -1,4 +1,6 @@
 """Module: a plain container of parameters and sub-modules with Hugging Face-style names."""
+import contextlib
+
 from ..tensor import Tensor
 
 
@@ -55,6 +57,16 @@ class Module:
 
     def eval(self):
         return self.train(False)
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Eval mode (no dropout, no draws from the device generator) inside the block."""
+        was_training = self.training
+        self.eval()
+        try:
+            yield self
+        finally:
+            self.train(was_training)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
