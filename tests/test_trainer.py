@@ -23,21 +23,6 @@ from packlora.trainer import Trainer, evaluate
 
 
 # --- a tiny chat model and data ---------------------------------------------------------------
-def tiny_chat_model(folder, seed=0):
-    """A random tiny Llama HF folder whose vocabulary is the tokenizer's."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = mf.write_chatml_tokenizer(folder)
-    w = mf.random_weights("llama", seed)
-    rng = np.random.default_rng(seed + 1)
-    w["model.embed_tokens.weight"] = rng.standard_normal((vocab, mf.HIDDEN)).astype(np.float32)
-    w["lm_head.weight"] = (rng.standard_normal((vocab, mf.HIDDEN)) / 8).astype(np.float32)
-    cfg = mf.hf_config("llama")
-    cfg["vocab_size"] = vocab
-    mf.write_hf(folder, "llama", weights=w, config=cfg)
-    return folder
-
-
 def chat_data(path, n, seed=0):
     """n chat records `a+b` -> `a+b`; every record tokenizes to the same length."""
     rng = np.random.default_rng(seed)
@@ -53,7 +38,7 @@ def chat_data(path, n, seed=0):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("trainer")
-    model = tiny_chat_model(d / "model")
+    model = mf.tiny_chat_model(d / "model")
     return {"model": str(model), "train": str(chat_data(d / "train.jsonl", 12)),
             "valid": str(chat_data(d / "valid.jsonl", 3, seed=1)), "dir": d}
 
