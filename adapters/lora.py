@@ -11,24 +11,13 @@ from .. import kernels
 from ..kernels.cpu import lora as lora_cpu
 from ..autodiff import Function
 from ..nn import Module
+from ..nn.linear import frozen_bwd, frozen_fwd
 from ..tensor import Tensor
 
 
 def _fused(xp, *arrays):
     """The Numba thin-product kernels apply to float32 numpy arrays."""
     return xp is np and all(a.dtype == np.float32 for a in arrays)
-
-
-def base_fwd(xp, x2, w, device):
-    if isinstance(w, Tensor):
-        return x2 @ w.data.T
-    return kernels.linear_fwd(x2, w, device=device)
-
-
-def base_bwd(xp, g2, w, device):
-    if isinstance(w, Tensor):
-        return g2 @ w.data
-    return kernels.linear_bwd(g2, w, device=device)
 
 
 class LoraMatmul(Function):
@@ -43,7 +32,7 @@ class LoraMatmul(Function):
             mask = (self.device.rng.random(x2.shape, dtype=np.float32) >= dropout)
             xd = x2 * mask * np.float32(1.0 / (1.0 - dropout))
         xa = xd @ a.T  # (M, r)
-        y = base_fwd(xp, x2, weight, self.device)  # (M, N)
+        y = frozen_fwd(x2, weight, self.device)  # (M, N)
         if _fused(xp, y, xa, b):
             lora_cpu.add_lora_out(y, xa, b, scale)
         else:
@@ -85,7 +74,7 @@ class LoraMatmul(Function):
             lora_dx = gxa @ a  # (M, K)
             if mask is not None:
                 lora_dx *= mask * np.float32(1.0 / (1.0 - self.dropout))
-            dx = base_bwd(xp, g2, self.weight, self.device)
+            dx = frozen_bwd(g2, self.weight, self.device)
             dx += lora_dx
             dx = dx.reshape(*g.shape[:-1], dx.shape[-1]).astype(self.in_dtype, copy=False)
         dbias = g.reshape(-1, g.shape[-1]).sum(axis=0) if self.needs[4] else None

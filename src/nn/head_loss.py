@@ -1,16 +1,9 @@
 """LM head + cross-entropy fused over row chunks: full [tokens x vocab] logits never exist."""
 import numpy as np
 
-from .. import kernels
 from ..autodiff import Function
 from ..tensor import Tensor
-
-
-def _logits(xp, h, head, device):
-    """(rows, V) float32 logits of h (rows, D) against a dense Tensor or a PackedWeight head."""
-    if isinstance(head, Tensor):
-        return h @ head.data.T
-    return kernels.linear_fwd(xp.ascontiguousarray(h, dtype=np.float32), head, device=device)
+from .linear import frozen_bwd, frozen_fwd
 
 
 def _ce_forward(xp, z, t, ignore):
@@ -53,19 +46,18 @@ class HeadCrossEntropy(Function):
 
     def forward(self, h, targets, head=None, ignore_index=-100, chunk=256):
         xp, mem = self.xp, self.device.memory
-        self.head = head
         count = max(int((targets != ignore_index).sum()), 1)
         dh = mem.track(xp.empty_like(h)) if self.needs[0] else None  # (N, D)
         total = 0.0
         with mem.category("logits"):
             for i in range(0, h.shape[0], chunk):
                 sl = slice(i, i + chunk)
-                z = mem.track(_logits(xp, h[sl], head, self.device))  # (c, V)
+                z = mem.track(frozen_fwd(h[sl], head, self.device))  # (c, V)
                 lse, part = _ce_forward(xp, z, targets[sl], ignore_index)
                 total += part
                 if dh is not None:
-                    dh[sl] = self._back(_ce_backward(xp, z, targets[sl], ignore_index, lse,
-                                                     1.0 / count))
+                    dh[sl] = frozen_bwd(_ce_backward(xp, z, targets[sl], ignore_index, lse,
+                                                     1.0 / count), head, self.device)
                 del z
         self.save(dh)
         return xp.asarray(total / count, dtype=np.float32)
@@ -73,11 +65,6 @@ class HeadCrossEntropy(Function):
     def backward(self, g):
         (dh,) = self.saved
         return dh * g.astype(dh.dtype), None
-
-    def _back(self, dz):
-        if isinstance(self.head, Tensor):
-            return dz @ self.head.data
-        return kernels.linear_bwd(dz, self.head, device=self.device)
 
 
 def head_cross_entropy(h, head, targets, ignore_index=-100, chunk=256):

@@ -5,6 +5,20 @@ from ..tensor import Tensor
 from .module import Module
 
 
+def frozen_fwd(x, w, device):
+    """x (M, K) @ W.T for a frozen weight W (N, K): a float Tensor or a PackedWeight."""
+    if isinstance(w, Tensor):
+        return x @ w.data.T
+    return kernels.linear_fwd(x, w, device=device)
+
+
+def frozen_bwd(g, w, device):
+    """g (M, N) @ W for a frozen weight W (N, K): a float Tensor or a PackedWeight."""
+    if isinstance(w, Tensor):
+        return g @ w.data
+    return kernels.linear_bwd(g, w, device=device)
+
+
 class PackedMatmul(Function):
     """y = x @ W.T (+ bias) with W packed. Saves only the packed weight; returns dx (and dbias)."""
 
