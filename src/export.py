@@ -115,21 +115,11 @@ def _float_tensor(src, name, delta):
 
 def _write_dense(src, names, out, delta, dtype):
     code = _DTYPES[dtype][0]
-    shapes = {n: _shape_of(src, n) for n in names}
+    shapes = {n: src.shape(n) for n in names}
     with atomic_path(out / "model.safetensors", ".safetensors") as tmp, open(tmp, "wb") as f:
         writer = StreamingSafetensors(f, [(n, code, shapes[n]) for n in names], {"format": "pt"})
         for n in names:
             writer.write(n, _to_dtype(_float_tensor(src, n, delta), dtype))
-
-
-def _shape_of(src, name):
-    from .models.sources import GGUFSource, HFSource
-    if isinstance(src, HFSource):
-        return src.folder.tensor_info(name)[1]
-    if isinstance(src, GGUFSource):
-        from .models.gguf_file import gguf_name
-        return src.file.tensor(gguf_name(name))[1]
-    return tuple(src.tensors[name].shape)
 
 
 def _write_packed(src, names, out, delta, fmt, block_size, double_quant):

@@ -29,6 +29,9 @@ class HFSource:
     def get(self, name):
         return self.folder.read_tensor(name)
 
+    def shape(self, name):
+        return tuple(self.folder.tensor_info(name)[1])
+
 
 class GGUFSource:
     """GGUF tensors; quantized ones stay in their format. Q/K rows of llama-layout files are put
@@ -61,6 +64,9 @@ class GGUFSource:
         else:
             arr = np.array(data, dtype=np.float32).reshape(shape)
         return arr if order is None else arr[order]
+
+    def shape(self, name):
+        return tuple(self.file.tensor(gguf_name(name))[1])
 
     def _row_order(self, name, rows):
         if not self.file.qk_permuted:
@@ -97,6 +103,9 @@ class PackedSource:
 
     def names(self):
         return set(self.tensors)
+
+    def shape(self, name):
+        return tuple(self.tensors[name].shape)
 
     def get(self, name):
         value = self.tensors.pop(name)  # hand it over; the source keeps no second reference
