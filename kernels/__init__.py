@@ -80,23 +80,36 @@ def dequantize_rows(w, n0, n1, out):
     N, K = (int(s) for s in w.shape)
     if not 0 <= n0 <= n1 <= N:
         raise QuantError(f"rows [{n0}, {n1}) out of range for packed weight of shape {(N, K)}")
-    if out.shape != (n1 - n0, K) or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise QuantError(f"dequantize_rows out must be C-contiguous float32 ({n1 - n0}, {K}), "
-                         f"got {out.dtype} {out.shape}")
+    _check_rows_out(out, n1 - n0, K)
     if _is_cuda(w):
-        return _cuda_rows(w, n0, n1, out)
+        return _cuda_rows(w, w.xp.arange(n0, n1), out)
     from .cpu import ops as cpu_ops
     return cpu_ops.dequantize_rows(w, n0, n1, out)
 
 
-def _cuda_rows(w, n0, n1, out):
-    """Rows of a GPU weight: the CUDA kernels' own decoder, else dy = one-hot rows through bwd."""
-    from .cuda import ops as cuda_ops
-    if hasattr(cuda_ops, "dequantize_rows"):
-        return cuda_ops.dequantize_rows(w, n0, n1, out)
-    onehot = w.xp.zeros((n1 - n0, int(w.shape[0])), dtype=np.float32)  # exact: 1*w + 0*rest
-    onehot[w.xp.arange(n1 - n0), w.xp.arange(n0, n1)] = 1.0
-    return cuda_ops.linear_bwd(onehot, w, out=out)
+def gather_rows(w, rows, out):
+    """Decode the rows `rows` (integers in [0, N), any order) of W into out, a float32
+    (len(rows), K) buffer, in one kernel call; returns out."""
+    N, K = (int(s) for s in w.shape)
+    rows = w.xp.asarray(rows, dtype=np.int64).reshape(-1)
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= N):
+        raise QuantError(f"row ids out of range [0, {N}) for packed weight of shape {(N, K)}")
+    _check_rows_out(out, rows.size, K)
+    if _is_cuda(w):
+        return _cuda_rows(w, rows, out)
+    from .cpu import ops as cpu_ops
+    return cpu_ops.gather_rows(w, rows, out)
 
 
-__all__ = ["linear_fwd", "linear_bwd", "dequantize_rows", "DEFAULT_SCRATCH_CAP"]
+def _check_rows_out(out, n, K):
+    if out.shape != (n, K) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise QuantError(f"decoded rows need a C-contiguous float32 ({n}, {K}) buffer, "
+                         f"got {out.dtype} {out.shape}")
+
+
+def _cuda_rows(w, rows, out):
+    from .cuda import rows as cuda_rows
+    return cuda_rows.gather_rows(w, rows, out)
+
+
+__all__ = ["linear_fwd", "linear_bwd", "dequantize_rows", "gather_rows", "DEFAULT_SCRATCH_CAP"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from packlora import Device, QuantError
-from packlora.kernels import dequantize_rows, linear_bwd, linear_fwd
+from packlora.kernels import dequantize_rows, gather_rows, linear_bwd, linear_fwd
 from packlora.kernels.cpu import ops as cpu_ops
 from packlora.quant import PackedWeight, quantize
 
@@ -88,6 +88,17 @@ def test_dequantize_rows(fmt, dq):
     np.testing.assert_allclose(out, W[3:8], rtol=1e-6, atol=1e-7)
     with pytest.raises(QuantError):
         dequantize_rows(w, 8, 12, np.empty((4, 96), np.float32))
+
+
+@pytest.mark.parametrize("fmt,dq", [("nf4", True), ("fp4", False), ("int8", False), ("q4_1", None)])
+def test_gather_rows(fmt, dq):
+    w = _weight(fmt, dq, 64, (11, 96))
+    rows = np.array([10, 0, 10, 4, 7], dtype=np.int64)
+    out = gather_rows(w, rows, np.empty((5, 96), np.float32))
+    np.testing.assert_array_equal(out, w.dequantize()[rows])
+    assert gather_rows(w, rows[:0], np.empty((0, 96), np.float32)).shape == (0, 96)
+    with pytest.raises(QuantError, match="out of range"):
+        gather_rows(w, np.array([11]), np.empty((1, 96), np.float32))
 
 
 def test_bad_shapes_name_the_tensor():

@@ -10,7 +10,8 @@ BNB4, INT8, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 4
 # pk = (family, block_size, double_quant, K, u8, i8, f32, absmax_q, absmax_code, absmax_scale,
 #       absmax_offset, pair)
 #   u8: nf4/fp4 codes or ggml block bytes; i8: int8 codes or the ggml bytes viewed as int8;
-#   f32: absmax (blockwise formats); pair: (256, 2) codebook values of a byte's (high, low) nibble.
+#   f32: absmax (blockwise formats); pair: (256, 2) float32 values of a byte's two nibbles: nf4/fp4
+#   codebook values (high, low); q4_0/q4_1 integer values (low, high), q4_0 minus 8.
 
 
 @njit(inline="always", fastmath=True, cache=True)
@@ -81,28 +82,44 @@ def _blockwise_span(fam, bs, dq, u8, i8, f32, aq, acode, ascale, aoff, pair, sta
 
 
 @njit(fastmath=True, cache=True)
-def _ggml_span(fam, K, u8, i8, n, k0, k1, out, o):
-    """Row n, columns [k0, k1) (multiples of 32) of a q4_0/q4_1/q8_0 weight into out[o:]."""
-    bpb = 18 if fam == Q4_0 else (20 if fam == Q4_1 else 34)
-    row = n * (K // 32) * bpb
-    for kb in range(k0 // 32, k1 // 32):
-        p = row + kb * bpb
-        q = o + (kb * 32 - k0)
+def _q8_0_span(u8, i8, row, kb0, kb1, out, o):
+    """Blocks [kb0, kb1) of a q8_0 row starting at byte `row` into out[o:]."""
+    for kb in range(kb0, kb1):
+        p = row + kb * 34
+        q = o + (kb - kb0) * 32
         d = half_to_float(u8[_u(p)], u8[_u(p + 1)])
-        if fam == Q8_0:
-            for j in range(32):
-                out[_u(q + j)] = i8[_u(p + 2 + j)] * d
-        elif fam == Q4_0:
-            for j in range(16):
-                c = np.int32(u8[_u(p + 2 + j)])
-                out[_u(q + j)] = ((c & 15) - 8) * d
-                out[_u(q + j + 16)] = ((c >> 4) - 8) * d
-        else:
-            m = half_to_float(u8[_u(p + 2)], u8[_u(p + 3)])
-            for j in range(16):
-                c = np.int32(u8[_u(p + 4 + j)])
-                out[_u(q + j)] = (c & 15) * d + m
-                out[_u(q + j + 16)] = (c >> 4) * d + m
+        for j in range(32):
+            out[_u(q + j)] = i8[_u(p + 2 + j)] * d
+
+
+@njit(fastmath=True, cache=True)
+def _q4_span(u8, pair, with_min, row, kb0, kb1, out, o):
+    """Blocks [kb0, kb1) of a q4_0 (with_min False) or q4_1 row into out[o:]. pair[c] holds byte
+    c's (low, high) nibble values, q4_0's -8 folded in: a table load per value is faster than
+    unpacking nibbles in scalar code."""
+    bpb = 20 if with_min else 18
+    for kb in range(kb0, kb1):
+        p = row + kb * bpb
+        q = o + (kb - kb0) * 32
+        d = half_to_float(u8[_u(p)], u8[_u(p + 1)])
+        m = half_to_float(u8[_u(p + 2)], u8[_u(p + 3)]) if with_min else np.float32(0.0)
+        p += bpb - 16
+        for j in range(16):
+            c = u8[_u(p + j)]
+            out[_u(q + j)] = pair[c, 0] * d + m
+            out[_u(q + j + 16)] = pair[c, 1] * d + m
+
+
+@njit(fastmath=True, cache=True)
+def _ggml_span(fam, K, u8, i8, pair, n, k0, k1, out, o):
+    """Row n, columns [k0, k1) (multiples of 32) of a q4_0/q4_1/q8_0 weight into out[o:]."""
+    nb = K // 32
+    if fam == Q8_0:
+        _q8_0_span(u8, i8, n * nb * 34, k0 // 32, k1 // 32, out, o)
+    else:
+        with_min = fam == Q4_1
+        _q4_span(u8, pair, with_min, n * nb * (20 if with_min else 18), k0 // 32, k1 // 32,
+                 out, o)
 
 
 @njit(fastmath=True, cache=True)
@@ -113,7 +130,7 @@ def decode_span(pk, n, k0, k1, out, o):
         _blockwise_span(fam, pk[1], pk[2], pk[4], pk[5], pk[6], pk[7], pk[8], pk[9], pk[10],
                         pk[11], n * pk[3] + k0, k1 - k0, out, o)
     else:
-        _ggml_span(fam, pk[3], pk[4], pk[5], n, k0, k1, out, o)
+        _ggml_span(fam, pk[3], pk[4], pk[5], pk[11], n, k0, k1, out, o)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -122,3 +139,11 @@ def decode_tile_par(pk, n0, n1, k0, k1, tile):
     kc = k1 - k0
     for r in prange(n1 - n0):
         decode_span(pk, n0 + r, k0, k1, tile, r * kc)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def decode_rows_par(pk, rows, tile):
+    """W[rows[i], :] into row i of the flat buffer tile, rows spread over threads."""
+    K = pk[3]
+    for i in prange(rows.shape[0]):
+        decode_span(pk, rows[i], 0, K, tile, i * K)

@@ -3,7 +3,7 @@ import numpy as np
 from numba import get_num_threads
 
 from ...errors import QuantError
-from .decode import BNB4, INT8, Q4_0, Q4_1, Q8_0, decode_tile_par
+from .decode import BNB4, INT8, Q4_0, Q4_1, Q8_0, decode_rows_par, decode_tile_par
 from .fused import fused_bwd, fused_fwd
 from .tiled import tiled_bwd, tiled_fwd
 
@@ -22,12 +22,17 @@ _PAIRS = {}
 
 
 def _pair_table(fmt):
-    """(256, 2) float32: codebook values of a byte's high and low nibble."""
+    """(256, 2) float32: the values of a byte's two nibbles (see decode.py for the order)."""
     if fmt not in _PAIRS:
         from ...quant import FP4_CODE, NF4_CODE
-        code = np.asarray(NF4_CODE if fmt == "nf4" else FP4_CODE, dtype=np.float32)
         byte = np.arange(256)
-        _PAIRS[fmt] = np.ascontiguousarray(np.stack([code[byte >> 4], code[byte & 15]], axis=1))
+        if fmt in ("q4_0", "q4_1"):
+            off = 8 if fmt == "q4_0" else 0
+            pairs = np.stack([(byte & 15) - off, (byte >> 4) - off], axis=1)
+        else:
+            code = np.asarray(NF4_CODE if fmt == "nf4" else FP4_CODE, dtype=np.float32)
+            pairs = np.stack([code[byte >> 4], code[byte & 15]], axis=1)
+        _PAIRS[fmt] = np.ascontiguousarray(pairs, dtype=np.float32)
     return _PAIRS[fmt]
 
 
@@ -62,6 +67,8 @@ def pack_args(w):
             raise QuantError(f"{w.format} weight of shape {w.shape}: K must be a multiple of 32")
         u8 = _buf(w, "blocks", np.uint8)
         i8 = u8.view(np.int8)
+        if fam != Q8_0:
+            pair = _pair_table(w.format)
     if dq:
         aq, acode = _buf(w, "absmax_q", np.uint8), _buf(w, "absmax_code", np.float32)
         ascale, aoff = _buf(w, "absmax_scale", np.float32), _buf(w, "absmax_offset", np.float32)
@@ -110,4 +117,10 @@ def dequantize_rows(w, n0, n1, out):
     """Rows [n0, n1) of W into out, a float32 (n1 - n0, K) C-contiguous array."""
     pk = pack_args(w)
     decode_tile_par(pk, n0, n1, 0, pk[3], out.reshape(-1))
+    return out
+
+
+def gather_rows(w, rows, out):
+    """Rows `rows` (int64, any order) of W into out, a float32 (len(rows), K) C-contiguous array."""
+    decode_rows_par(pack_args(w), rows, out.reshape(-1))
     return out

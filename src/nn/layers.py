@@ -16,19 +16,16 @@ class RMSNorm(Module):
 
 
 def gather_packed_rows(w, ids, device):
-    """Rows of a packed (V, D) weight for integer ids (...) -> float32 (..., D), row by row."""
+    """Rows of a packed (V, D) weight for integer ids (...) -> float32 (..., D), one kernel call."""
     from .. import kernels
     xp = device.xp
-    flat = ids.reshape(-1)
-    uniq, inverse = np.unique(flat if xp is np else flat.get(), return_inverse=True)
-    rows = xp.empty((len(uniq), w.shape[1]), dtype=np.float32)
-    for i, r in enumerate(uniq):
-        kernels.dequantize_rows(w, int(r), int(r) + 1, rows[i:i + 1])
-    return rows[xp.asarray(inverse)].reshape(*ids.shape, w.shape[1])
+    flat = xp.asarray(ids).reshape(-1)
+    rows = xp.empty((flat.size, w.shape[1]), dtype=np.float32)
+    return kernels.gather_rows(w, flat, rows).reshape(*ids.shape, w.shape[1])
 
 
 class Embedding(Module):
-    """Token embedding; its table is a float Tensor or a PackedWeight (decoded row by row)."""
+    """Token embedding; its table is a float Tensor or a PackedWeight (decoded per batch of ids)."""
 
     def __init__(self, weight):
         self.weight = weight
