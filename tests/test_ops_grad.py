@@ -1,4 +1,6 @@
 """Every op against central finite differences in float64, including broadcasting."""
+import importlib
+
 import numpy as np
 import pytest
 
@@ -73,13 +75,18 @@ def test_rope():
     check(lambda x: ops.rope(x, cos, sin), [leaf((2, t, 3, d), 14)])
 
 
+@pytest.mark.parametrize("chunk", [64, 2])
 @pytest.mark.parametrize("h,hkv,t,s", [(4, 2, 5, 5), (3, 3, 4, 4), (6, 2, 3, 7)])
-def test_attention_gqa(h, hkv, t, s):
+def test_attention_gqa(h, hkv, t, s, chunk, monkeypatch):
+    """chunk 2: several query blocks, each seeing its own key prefix."""
+    monkeypatch.setattr(importlib.import_module("packlora.ops.attention"), "QUERY_CHUNK", chunk)
     q, k, v = leaf((2, t, h, 4), 15), leaf((2, s, hkv, 4), 16), leaf((2, s, hkv, 4), 17)
     check(ops.attention, [q, k, v])
 
 
-def test_attention_matches_reference():
+@pytest.mark.parametrize("chunk", [64, 1, 3])
+def test_attention_matches_reference(chunk, monkeypatch):
+    monkeypatch.setattr(importlib.import_module("packlora.ops.attention"), "QUERY_CHUNK", chunk)
     q, k, v = leaf((1, 4, 4, 3), 18), leaf((1, 4, 2, 3), 19), leaf((1, 4, 2, 3), 20)
     out = ops.attention(q, k, v).numpy()
     kk, vv = np.repeat(k.data, 2, axis=2), np.repeat(v.data, 2, axis=2)
@@ -123,7 +130,6 @@ def test_dropout_uses_device_generator():
 
 
 def test_attention_backward_in_batch_slices(monkeypatch):
-    import importlib
     attn_mod = importlib.import_module("packlora.ops.attention")
     q, k, v = leaf((3, 5, 4, 4), 23), leaf((3, 5, 2, 4), 24), leaf((3, 5, 2, 4), 25)
     ops.attention(q, k, v).sum().backward()

@@ -1,26 +1,31 @@
 """Fused causal scaled-dot-product attention with grouped KV heads (one tape node).
 
 Saves q, k, v, the output and the row log-sum-exp; the probabilities are recomputed in backward,
-so no (T x S) matrix outlives the op. Every batched matmul gets operands whose last axis is
-contiguous: numpy only hands those to BLAS (a transposed view falls back to a slow loop).
+so no (T x S) matrix outlives the op. Queries go in blocks of QUERY_CHUNK positions and each
+block only meets the keys it can see (a prefix), which skips most of the causally masked half
+of the scores. Every batched matmul gets operands whose last axis is contiguous: numpy only
+hands those to BLAS (a transposed view falls back to a slow loop).
 """
 import math
 
 from ..autodiff import Function
 
+QUERY_CHUNK = 64  # query positions per score block
+SCORE_BYTES = 8 << 20  # the backward's score blocks of one batch slice stay under this
+
 
 def _group_q(q, n_kv):
     b, t, h, d = q.shape
     g = h // n_kv
-    # (B, T, Hkv, G, D) -> (B, Hkv, G, T, D) -> (B, Hkv, G*T, D), a contiguous copy
-    return q.reshape(b, t, n_kv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, n_kv, g * t, d)
+    # (B, T, Hkv, G, D) -> (B, Hkv, T, G, D) -> (B, Hkv, T*G, D): row r is position r // G
+    return q.reshape(b, t, n_kv, g, d).transpose(0, 2, 1, 3, 4).reshape(b, n_kv, t * g, d)
 
 
 def _ungroup(x, t):
-    b, n_kv, gt, d = x.shape
-    g = gt // t
-    # (B, Hkv, G, T, D) -> (B, T, Hkv, G, D) -> (B, T, H, D)
-    return x.reshape(b, n_kv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, n_kv * g, d)
+    b, n_kv, tg, d = x.shape
+    g = tg // t
+    # (B, Hkv, T, G, D) -> (B, T, Hkv, G, D) -> (B, T, H, D)
+    return x.reshape(b, n_kv, t, g, d).transpose(0, 2, 1, 3, 4).reshape(b, t, n_kv * g, d)
 
 
 def _contig_t(xp, a):
@@ -28,25 +33,25 @@ def _contig_t(xp, a):
     return xp.ascontiguousarray(xp.swapaxes(a, -1, -2))
 
 
-def causal_mask(xp, t, s, groups):
-    """(G*T, S) bool: query row r (position r % T + S - T) sees keys at positions <= its own."""
-    rows = xp.arange(t)[:, None] + (s - t)
-    allowed = xp.arange(s)[None, :] <= rows  # (T, S)
-    return xp.tile(allowed, (groups, 1))
+def query_blocks(t, s, groups):
+    """(row0, row1, keys) per block of query positions: its rows of the grouped q and the
+    length of the key prefix it sees (a query at position i sees keys <= i + s - t)."""
+    out = []
+    for t0 in range(0, t, QUERY_CHUNK):
+        t1 = min(t, t0 + QUERY_CHUNK)
+        out.append((t0 * groups, t1 * groups, t1 + s - t))
+    return out
 
 
 def blocked_mask(xp, t, s, groups, key_valid=None):
-    """True where a score is masked: (G*T, S), or (B, 1, G*T, S) with key_valid (B, S) marking
+    """True where a score is masked: (T*G, S), or (B, 1, T*G, S) with key_valid (B, S) marking
     real (not padding) keys. A padding query still sees itself, so no row is empty."""
-    allowed = causal_mask(xp, t, s, groups)
+    rows = xp.repeat(xp.arange(t), groups)[:, None] + (s - t)  # (T*G, 1) query positions
+    cols = xp.arange(s)[None, :]
+    blocked = cols > rows
     if key_valid is None:
-        return ~allowed
-    rows = xp.arange(t)[:, None] + (s - t)
-    own = xp.tile(xp.arange(s)[None, :] == rows, (groups, 1))  # (G*T, S)
-    return ~(allowed & (key_valid[:, None, None, :] | own))
-
-
-SCORE_BYTES = 8 << 20  # the backward's score matrices of one batch slice stay under this
+        return blocked
+    return blocked | (~key_valid[:, None, None, :] & (cols != rows))
 
 
 class Attention(Function):
@@ -57,32 +62,36 @@ class Attention(Function):
         b, t, h, d = q.shape
         s, n_kv = k.shape[1], k.shape[2]
         self.scale = scale if scale is not None else 1.0 / math.sqrt(d)
-        qg = _group_q(q, n_kv)  # (B, Hkv, G*T, D)
+        qg = _group_q(q, n_kv)  # (B, Hkv, T*G, D)
         kc = xp.ascontiguousarray(k.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
         vv = xp.ascontiguousarray(v.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
-        scores = qg @ _contig_t(xp, kc)  # (B, Hkv, G*T, S)
-        scores *= self.scale
+        kt = _contig_t(xp, kc)  # (B, Hkv, D, S)
         blocked = blocked_mask(xp, t, s, h // n_kv, key_valid)
-        xp.copyto(scores, -xp.inf, where=blocked)
-        m = scores.max(axis=-1, keepdims=True)
-        scores -= m
-        xp.exp(scores, out=scores)
-        lsum = scores.sum(axis=-1, keepdims=True)
-        scores /= lsum
-        og = scores @ vv  # (B, Hkv, G*T, D)
-        del scores
-        lse = m + xp.log(lsum)  # (B, Hkv, G*T, 1)
+        og = xp.empty_like(qg)
+        lse = xp.empty(qg.shape[:3] + (1,), dtype=qg.dtype)  # (B, Hkv, T*G, 1)
+        for r0, r1, e in query_blocks(t, s, h // n_kv):
+            sc = qg[:, :, r0:r1] @ kt[..., :e]  # (B, Hkv, rows, e)
+            sc *= self.scale
+            xp.copyto(sc, -xp.inf, where=blocked[..., r0:r1, :e])
+            m = sc.max(axis=-1, keepdims=True)
+            sc -= m
+            xp.exp(sc, out=sc)
+            lsum = sc.sum(axis=-1, keepdims=True)
+            sc /= lsum
+            og[:, :, r0:r1] = sc @ vv[:, :, :e]
+            lse[:, :, r0:r1] = m + xp.log(lsum)
         self.t = t
         self.save(qg, kc, vv, og, lse, blocked)
         return _ungroup(og, t)
 
     def backward(self, g):
-        # batch rows in slices, so the two (S x G*T) score matrices stay a bounded transient
+        # batch rows in slices, so the transient score blocks stay bounded
         xp = self.xp
         qg, kc, vv, og, lse, blocked = self.saved
-        b, n_kv, gt, d = qg.shape
-        dog = _group_q(g, n_kv)  # (B, Hkv, G*T, D)
-        per_row = 2 * n_kv * gt * kc.shape[2] * qg.itemsize
+        b, n_kv, tg, d = qg.shape
+        dog = _group_q(g, n_kv)  # (B, Hkv, T*G, D)
+        rows = min(tg, QUERY_CHUNK * (tg // self.t))
+        per_row = 2 * n_kv * rows * kc.shape[2] * qg.itemsize
         step = max(1, min(b, SCORE_BYTES // max(per_row, 1)))
         dqg, dkc, dvv = xp.empty_like(qg), xp.empty_like(kc), xp.empty_like(vv)
         for b0 in range(0, b, step):
@@ -96,20 +105,28 @@ class Attention(Function):
         return dq, dk, dv, None, None
 
     def _backward_rows(self, qg, kc, vv, og, lse, blocked, dog, dqg, dkc, dvv):
-        """Gradients of one slice of batch rows; works on transposed scores (S x G*T) so every
-        big matmul operand is contiguous."""
+        """Gradients of one slice of batch rows, a query block at a time (the last block sees
+        every key, so it writes dk/dv whole and earlier blocks add into a prefix). Scores are
+        transposed (keys x rows) so every big matmul operand is contiguous."""
         xp = self.xp
-        pt = kc @ _contig_t(xp, qg)  # (b, Hkv, S, G*T)
-        pt *= self.scale
-        pt -= _contig_t(xp, lse)
-        xp.copyto(pt, -xp.inf, where=xp.swapaxes(blocked, -1, -2))
-        xp.exp(pt, out=pt)
-        dvv[...] = pt @ dog  # (b, Hkv, S, D)
-        dpt = vv @ _contig_t(xp, dog)  # (b, Hkv, S, G*T)
-        delta = (dog * og).sum(axis=-1, keepdims=True)  # (b, Hkv, G*T, 1)
-        dpt -= _contig_t(xp, delta)
-        dpt *= pt
-        dpt *= self.scale
-        del pt
-        dqg[...] = _contig_t(xp, _contig_t(xp, kc) @ dpt)  # (b, Hkv, G*T, D)
-        dkc[...] = dpt @ qg  # (b, Hkv, S, D)
+        t, s = self.t, kc.shape[2]
+        delta = (dog * og).sum(axis=-1, keepdims=True)  # (b, Hkv, T*G, 1)
+        kt = _contig_t(xp, kc)  # (b, Hkv, D, S)
+        for i, (r0, r1, e) in enumerate(reversed(query_blocks(t, s, qg.shape[2] // t))):
+            qc, dc = qg[:, :, r0:r1], dog[:, :, r0:r1]  # (b, Hkv, rows, D)
+            pt = kc[:, :, :e] @ _contig_t(xp, qc)  # (b, Hkv, e, rows)
+            pt *= self.scale
+            pt -= _contig_t(xp, lse[:, :, r0:r1])
+            xp.copyto(pt, -xp.inf, where=xp.swapaxes(blocked[..., r0:r1, :e], -1, -2))
+            xp.exp(pt, out=pt)
+            dpt = vv[:, :, :e] @ _contig_t(xp, dc)  # (b, Hkv, e, rows)
+            dpt -= _contig_t(xp, delta[:, :, r0:r1])
+            dpt *= pt
+            dpt *= self.scale
+            dqg[:, :, r0:r1] = _contig_t(xp, kt[..., :e] @ dpt)  # (b, Hkv, rows, D)
+            if i == 0:
+                dvv[...] = pt @ dc  # (b, Hkv, S, D)
+                dkc[...] = dpt @ qc
+            else:
+                dvv[:, :, :e] += pt @ dc
+                dkc[:, :, :e] += dpt @ qc
