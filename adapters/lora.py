@@ -8,16 +8,24 @@ The base weight is a PackedWeight (never expanded) or a frozen float Tensor.
 import numpy as np
 
 from .. import kernels
-from ..kernels.cpu import lora as lora_cpu
 from ..autodiff import Function
 from ..nn import Module
 from ..nn.linear import frozen_bwd, frozen_fwd
 from ..tensor import Tensor
 
 
-def _fused(xp, *arrays):
-    """The Numba thin-product kernels apply to float32 numpy arrays."""
-    return xp is np and all(a.dtype == np.float32 for a in arrays)
+def add_product(dst, a, b, device):
+    """dst (M, N) += a (M, r) @ b (r, N) through the device's reused scratch, a block of rows at a
+    time, so the thin LoRA products never hold an (M, N) temporary beyond the scratch cap.
+    (BLAS beats hand-fused loops on these rank-r products by ~6x on the CPU.)"""
+    m, n = dst.shape
+    rows = max(1, min(m, device.scratch_cap // max(4 * n, 1)))
+    tmp = device.scratch(rows * n, dst.dtype).reshape(rows, n)
+    for m0 in range(0, m, rows):
+        m1 = min(m, m0 + rows)
+        part = tmp[: m1 - m0]
+        device.xp.matmul(a[m0:m1], b, out=part)
+        dst[m0:m1] += part
 
 
 class LoraMatmul(Function):
@@ -33,10 +41,7 @@ class LoraMatmul(Function):
             xd = x2 * mask * np.float32(1.0 / (1.0 - dropout))
         xa = xd @ a.T  # (M, r)
         y = frozen_fwd(x2, weight, self.device)  # (M, N)
-        if _fused(xp, y, xa, b):
-            lora_cpu.add_lora_out(y, xa, b, scale)
-        else:
-            y += scale * (xa @ b.T)
+        add_product(y, xa * np.float32(scale), b.T, self.device)
         if mag is not None:
             factor = mag / norm  # (N,)
             if self.needs[3]:
@@ -62,23 +67,21 @@ class LoraMatmul(Function):
             if self.needs[3]:
                 dmag = (g2 * self.pre).sum(axis=0) / self.norm  # (N,)
             g2 = g2 * self.factor
-        if xa is not None and _fused(xp, g2, xa, b):  # one pass over g for both thin products
-            gxa, db = lora_cpu.lora_grads(g2, b, xa, s)  # (M, r), (N, r)
-        else:
-            gxa = s * (g2 @ b)
-            db = s * (g2.T @ xa) if self.needs[2] else None
+        gxa = g2 @ b  # (M, r)
+        gxa *= np.float32(s)
+        db = (g2.T @ xa) * np.float32(s) if self.needs[2] else None  # (N, r)
         da = gxa.T @ xd if self.needs[1] else None  # (r, K)
-        db = db if self.needs[2] else None
         dx = None
         if self.needs[0]:
-            lora_dx = gxa @ a  # (M, K)
-            if mask is not None:
-                lora_dx *= mask * np.float32(1.0 / (1.0 - self.dropout))
-            dx = frozen_bwd(g2, self.weight, self.device)
-            dx += lora_dx
+            dx = frozen_bwd(g2, self.weight, self.device)  # (M, K)
+            if mask is None:
+                add_product(dx, gxa, a, self.device)
+            else:
+                dx += (gxa @ a) * mask * np.float32(1.0 / (1.0 - self.dropout))
             dx = dx.reshape(*g.shape[:-1], dx.shape[-1]).astype(self.in_dtype, copy=False)
         dbias = g.reshape(-1, g.shape[-1]).sum(axis=0) if self.needs[4] else None
         return dx, da, db, dmag, dbias
+
 
 def row_norms(weight, a, b, scale, device):
     """||W + s * B @ A|| per output row (N,), from a packed W decoded in bounded row tiles."""

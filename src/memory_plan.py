@@ -40,20 +40,32 @@ def scratch_need(storage, m, cap, backward):
     return 0 if m <= FUSED_MAX_M else F32 * _tiled_elems(m, n, k, cap, 1, align)
 
 
+def _rows_bytes(m, n, cap_bytes):
+    """Scratch of adapters/lora.add_product on an (m, n) output: whole rows up to the cap."""
+    return min(m, max(1, cap_bytes // (F32 * n))) * n * F32
+
+
 def dense_scratch(inp):
-    """The reused scratch grows to the largest tile any packed matmul of the step needs."""
+    """The reused scratch grows to the largest tile any packed matmul (or LoRA product) of the
+    step needs."""
     cap = inp.scratch_cap // F32
     need = 0
     for path, ad in inp.adapters.items():
         st = inp.linears.get(path) or inp.head_storage
         if ad.dora and st.packed:
             need = max(need, min(st.shape[0], max(1, cap // st.shape[1])) * st.shape[1] * F32)
-    if inp.device != "cpu":
-        return need  # the CUDA kernels tile in shared memory, not in a scratch
     bm = BlockModel(inp)
     bm.forward(inp.grad_checkpointing)
     for i in range(inp.model.num_layers if inp.grad_checkpointing else 0):
         bm.recompute(i, i > 0)
+    for path, backward in bm.calls:  # LoRA: y += s·xa @ B.T, and dx += gxa @ A
+        ad = inp.adapters.get(path)
+        if ad is not None:
+            need = max(need, _rows_bytes(inp.tokens, ad.n_out, inp.scratch_cap))
+            if backward and ad.dropout == 0:
+                need = max(need, _rows_bytes(inp.tokens, ad.n_in, inp.scratch_cap))
+    if inp.device != "cpu":
+        return need  # the CUDA kernels tile in shared memory, not in a scratch
     for path, backward in bm.calls:
         st = inp.linears[path]
         need = max(need, scratch_need(st, inp.tokens, cap, False))

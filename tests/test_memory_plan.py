@@ -121,7 +121,8 @@ def test_llama2_7b_qlora_plan(tmp_path):
                  + 3 * hand_packed("nf4", 11008, 4096, 64, True))
     assert cats["base_packed"] == 32 * per_layer
     assert cats["adapters"] == 32 * 64 * (4 * 8192 + 3 * 15104) * 4
-    assert cats["dense_scratch"] == 0  # cuda: no host scratch
+    # cuda: the kernels tile in shared memory; the scratch holds LoRA products, up to the cap
+    assert 0 < cats["dense_scratch"] <= 8 << 20
     assert rep["run"]["grad_checkpointing"] and rep["run"]["batch_size"] == 1
     assert rep["plan"]["peak_bytes"] == sum(rep["plan"]["at_peak"].values())
     alts = rep["dense_alternatives"]
@@ -129,7 +130,7 @@ def test_llama2_7b_qlora_plan(tmp_path):
                          "dense_effective_weight"}
     assert alts["whole_model_fp32"]["ratio_to_packlora"] > alts["whole_model_bf16"][
         "ratio_to_packlora"] > 1
-    assert alts["per_layer_dequant"]["extra_bytes"] == 11008 * 4096 * 4
+    assert alts["per_layer_dequant"]["extra_bytes"] == 11008 * 4096 * 4 - cats["dense_scratch"]
     # the same from a config.json path and from the dict; 70B plans as well
     same = mem_plan(str(tmp_path / "config.json"),
                     ["quant.double_quant=true", "lora.rank=64", "lora.targets=all-linear",
