@@ -157,3 +157,68 @@ def test_fused_and_tiled_paths_agree():
         cpu_ops.FUSED_MAX_M, cpu_ops.FUSED_MAX_M_BWD = old
     for a, b in zip(fused, tiled):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_fast_exp_float32_accuracy_and_edges():
+    from numba import njit
+
+    from packlora.kernels.cpu.fastexp import SAFE_FASTMATH, fexp
+
+    @njit(fastmath=SAFE_FASTMATH)
+    def apply(a, out):
+        for i in range(a.shape[0]):
+            out[i] = fexp(a[i])
+
+    x = np.linspace(-87.0, 88.5, 200001, dtype=np.float32)
+    out = np.empty_like(x)
+    apply(x, out)
+    ref = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(out - ref) / ref) < 1e-6
+    edge = np.array([np.nan, -np.inf, np.inf, -100.0, 100.0, 0.0], np.float32)
+    out = np.empty_like(edge)
+    apply(edge, out)
+    assert np.isnan(out[0]) and out[1] == 0.0 and out[2] == np.inf
+    assert out[3] == 0.0 and out[4] == np.inf and out[5] == 1.0
+    x64, out64 = np.array([1.5, -3.0]), np.empty(2)
+    apply(x64, out64)
+    np.testing.assert_array_equal(out64, np.exp(x64))  # float64 keeps libm's exp
+
+
+def test_fused_float32_elementwise_match_float64():
+    """SwiGLU, cross-entropy rows and the attention passes in float32 (fast exp) agree with
+    their float64 results."""
+    from packlora.kernels.cpu import attention as att
+    from packlora.kernels.cpu.elementwise import swiglu_bwd, swiglu_fwd
+    from packlora.kernels.cpu.softmax_ce import ce_grad_rows, ce_rows
+    rng = np.random.default_rng(5)
+    gate, up, g = (rng.standard_normal((7, 45)) * 4 for _ in range(3))
+    for dt, tol in ((np.float64, 0.0), (np.float32, 2e-6)):
+        y = np.empty(gate.shape, dt)
+        swiglu_fwd(gate.astype(dt), up.astype(dt), y)
+        dg, du = np.empty(gate.shape, dt), np.empty(gate.shape, dt)
+        swiglu_bwd(g.astype(dt), gate.astype(dt), up.astype(dt), dg, du, True, True)
+        s = 1 / (1 + np.exp(-gate))
+        for got, ref in ((y, gate * s * up), (dg, g * up * s * (1 + gate * (1 - s))),
+                         (du, g * gate * s)):
+            assert np.max(np.abs(got - ref)) <= tol * np.abs(ref).max() + 1e-12
+    z = rng.standard_normal((5, 300)) * 6
+    t = np.array([3, -100, 299, 0, 17])
+    lse, nll = np.empty(5, np.float32), np.empty(5, np.float32)
+    ce_rows(z.astype(np.float32), t, -100, lse, nll)
+    ref_lse = np.log(np.exp(z).sum(1))
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-6)
+    zg = z.astype(np.float32)
+    ce_grad_rows(zg, t, -100, lse, 0.5)
+    ref = np.exp(z - ref_lse[:, None]) * 0.5
+    ref[np.arange(5), np.where(t < 0, 0, t)] -= np.where(t < 0, 0, 0.5)
+    ref[1] = 0
+    np.testing.assert_allclose(zg, ref, atol=1e-6)
+    s = (rng.standard_normal((6, 40)) * 5).astype(np.float32)
+    s[:, 30:] = -np.inf
+    p, lse = s.copy(), np.empty(6, np.float32)
+    att.softmax_rows(p, lse)
+    s64 = s.astype(np.float64)
+    ref = np.exp(s64 - s64.max(1, keepdims=True))
+    np.testing.assert_allclose(p, ref / ref.sum(1, keepdims=True), atol=1e-7)
+    assert np.all(p[:, 30:] == 0)
+    np.testing.assert_allclose(lse, np.log(np.exp(s64).sum(1)), rtol=1e-6)

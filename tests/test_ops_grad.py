@@ -140,3 +140,22 @@ def test_attention_backward_in_batch_slices(monkeypatch):
     ops.attention(q, k, v).sum().backward()
     for t, w in zip((q, k, v), whole):
         np.testing.assert_allclose(t.grad.numpy(), w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("key_valid", [False, True])
+def test_attention_float32_fused_path_matches_float64(key_valid, monkeypatch):
+    """float32 numpy inputs take the Numba softmax kernels; float64 the numpy expressions."""
+    monkeypatch.setattr(importlib.import_module("packlora.ops.attention"), "QUERY_CHUNK", 3)
+    rng = np.random.default_rng(31)
+    arrays = [rng.standard_normal(s) for s in ((2, 7, 4, 8), (2, 9, 2, 8), (2, 9, 2, 8))]
+    valid = np.ones((2, 9), bool)
+    valid[1, :3] = False  # left padding in the second row
+    results = []
+    for dt in (np.float64, np.float32):
+        q, k, v = (pl.Tensor(a.astype(dt), DEV).require_grad() for a in arrays)
+        out = ops.attention(q, k, v, key_valid=valid if key_valid else None)
+        (out * pl.Tensor(arrays[0][:, :, :, ::-1].astype(dt).copy(), DEV)).sum().backward()
+        results.append([out.numpy()] + [t.grad.numpy() for t in (q, k, v)])
+    for a64, a32 in zip(*results):
+        assert a32.dtype == np.float32
+        np.testing.assert_allclose(a32, a64, rtol=2e-4, atol=2e-5)

@@ -8,6 +8,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .fastexp import SAFE_FASTMATH, fexp, one_like
+
 
 @njit(parallel=True, fastmath=True, cache=True)
 def rmsnorm_fwd(x, w, eps, y, r):
@@ -38,25 +40,26 @@ def rmsnorm_bwd(g, x, w, r, dx):
             dx[i, j] = inv * (g[i, j] * w[j] - xhat * dot)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
 def swiglu_fwd(gate, up, y):
     """y = silu(gate) * up over (R, D)."""
     rows, d = gate.shape
     for i in prange(rows):
         for j in range(d):
             a = gate[i, j]
-            y[i, j] = a / (1.0 + math.exp(-a)) * up[i, j]
+            y[i, j] = a / (one_like(a) + fexp(-a)) * up[i, j]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
 def swiglu_bwd(g, gate, up, dgate, dup, want_gate, want_up):
     rows, d = gate.shape
     for i in prange(rows):
         for j in range(d):
             a = gate[i, j]
-            s = 1.0 / (1.0 + math.exp(-a))
+            one = one_like(a)
+            s = one / (one + fexp(-a))
             if want_gate:
-                dgate[i, j] = g[i, j] * up[i, j] * s * (1.0 + a * (1.0 - s))
+                dgate[i, j] = g[i, j] * up[i, j] * s * (one + a * (one - s))
             if want_up:
                 dup[i, j] = g[i, j] * a * s
 

@@ -7,8 +7,10 @@ import math
 
 from numba import njit, prange
 
+from .fastexp import SAFE_FASTMATH, fexp
 
-@njit(parallel=True, fastmath=True, cache=True)
+
+@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
 def ce_rows(z, targets, ignore_index, lse, nll):
     rows, v = z.shape
     for i in prange(rows):
@@ -18,13 +20,13 @@ def ce_rows(z, targets, ignore_index, lse, nll):
                 m = z[i, j]
         acc = 0.0
         for j in range(v):
-            acc += math.exp(z[i, j] - m)
+            acc += fexp(z[i, j] - m)
         lse[i] = m + math.log(acc)
         t = targets[i]
         nll[i] = 0.0 if t == ignore_index else lse[i] - z[i, t]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
 def ce_grad_rows(z, targets, ignore_index, lse, w):
     rows, v = z.shape
     for i in prange(rows):
@@ -36,5 +38,5 @@ def ce_grad_rows(z, targets, ignore_index, lse, w):
         wi = w
         li = lse[i]
         for j in range(v):
-            z[i, j] = math.exp(z[i, j] - li) * wi
+            z[i, j] = fexp(z[i, j] - li) * wi
         z[i, t] -= wi
