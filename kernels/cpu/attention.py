@@ -12,22 +12,15 @@ from numba import njit, prange
 from .fastexp import SAFE_FASTMATH, fexp
 
 
-@njit(fastmath=True, cache=True)
-def row_max(row):
-    """Max of a row with all fast-math flags, so LLVM vectorizes the reduction. A NaN may be
-    skipped here; the exp pass after it still turns it into a NaN result."""
-    m = row[0]
-    for j in range(1, row.shape[0]):
-        m = max(m, row[j])
-    return m
-
-
 @njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
 def softmax_rows(s, lse):
     """s (R, S) float32; lse (R,) gets max + log(sum(exp(s - max)))."""
     rows, n = s.shape
     for i in prange(rows):
-        m = row_max(s[i])
+        m = s[i, 0]
+        for j in range(1, n):
+            if s[i, j] > m:  # a NaN is skipped here; the exp pass still makes the row NaN
+                m = s[i, j]
         acc = 0.0
         for j in range(n):
             e = fexp(s[i, j] - m)

@@ -97,22 +97,27 @@ def _launch(a, c, w, bwd, tile):
         return
     tile = tile or _default_tile(m)
     grid = ((cdim + tile.tc - 1) // tile.tc, (m + tile.tm - 1) // tile.tm)
-    args = [a, c] + _weight_args(w, _array_module(a))
-    kernel = gemm_kernel(tile)
-    if _is_cupy(a):
+    launch(gemm_kernel(tile), grid, tile.block, [a, c, bwd] + _weight_args(w, _array_module(a)),
+           result=1)
+
+
+def launch(kernel, grid, block, args, result):
+    """kernel[grid, block](*args); args[result] is the output array (cupy or numpy)."""
+    out = args[result]
+    if _is_cupy(out):
         import cupy
         # Launch on cupy's current stream; that orders us after the work that made the
         # inputs, so the interface import needs no extra synchronisation.
         stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
         args = [cuda.as_cuda_array(v, sync=False) if _is_cupy(v) else v for v in args]
-        kernel[grid, tile.block, stream](args[0], args[1], bwd, *args[2:])
-    else:
-        # numpy (simulator, or host arrays on a GPU): explicit copies, so read-only inputs
-        # are never written back; only the result is copied to the host.
-        args = [cuda.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-                for v in args]
-        kernel[grid, tile.block](args[0], args[1], bwd, *args[2:])
-        args[1].copy_to_host(c)
+        kernel[grid, block, stream](*args)
+        return
+    # numpy (simulator, or host arrays on a GPU): explicit copies, so read-only inputs are
+    # never written back; only the result is copied to the host.
+    args = [cuda.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+            for v in args]
+    kernel[grid, block](*args)
+    args[result].copy_to_host(out)
 
 
 def _weight_args(w, xp):

@@ -1,9 +1,8 @@
 """Decode chosen rows of a packed weight on the GPU (embedding lookups), one launch per call."""
-import numpy as np
 from numba import cuda
 
 from .decode import decode_run
-from .ops import _is_cupy, _weight_args
+from .ops import _array_module, _weight_args, launch
 
 RUN = 32  # elements one thread decodes; a multiple of the ggml block, so runs stay aligned
 THREADS = 128
@@ -27,16 +26,6 @@ def gather_rows(w, rows, out):
     if rows.size == 0 or k == 0:
         return out
     grid = (-(-k // (RUN * THREADS)), int(rows.size))
-    xp = __import__("cupy") if _is_cupy(out) else np
-    args = [rows, out] + _weight_args(w, xp)
-    if _is_cupy(out):
-        import cupy
-        stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
-        args = [cuda.as_cuda_array(v, sync=False) if _is_cupy(v) else v for v in args]
-        _gather_kernel[grid, THREADS, stream](*args)
-        return out
-    args = [cuda.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-            for v in args]
-    _gather_kernel[grid, THREADS](*args)
-    args[1].copy_to_host(out)
+    launch(_gather_kernel, grid, THREADS, [rows, out] + _weight_args(w, _array_module(out)),
+           result=1)
     return out

@@ -2,13 +2,14 @@
 import numpy as np
 
 from ..autodiff import Function
+from ..kernels.cpu import takes
 from ..tensor import Tensor
 from .linear import frozen_bwd, frozen_fwd
 
 
 def _ce_forward(xp, z, t, ignore):
     """(lse (c,), summed nll) of a logits chunk."""
-    if xp is np and z.dtype == np.float32:
+    if takes(xp, z):
         from ..kernels.cpu.softmax_ce import ce_rows
         lse = np.empty(z.shape[0], np.float32)
         nll = np.empty(z.shape[0], np.float32)
@@ -23,7 +24,7 @@ def _ce_forward(xp, z, t, ignore):
 
 def _ce_backward(xp, z, t, ignore, lse, scale):
     """z <- (softmax(z) - onehot(t)) * scale in place (0 on ignored rows)."""
-    if xp is np and z.dtype == np.float32:
+    if takes(xp, z):
         from ..kernels.cpu.softmax_ce import ce_grad_rows
         ce_grad_rows(z, t.astype(np.int64, copy=False), ignore, lse, np.float32(scale))
         return z

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..autodiff import Function
 from ..kernels.cpu import attention as fused
+from ..kernels.cpu import takes
 
 QUERY_CHUNK = 64  # query positions per score block
 SCORE_BYTES = 8 << 20  # the backward's score blocks of one batch slice stay under this
@@ -36,14 +37,9 @@ def _contig_t(xp, a):
     return xp.ascontiguousarray(xp.swapaxes(a, -1, -2))
 
 
-def _fusable(xp, *arrays):
-    """The Numba kernels take float32 numpy arrays; anything else uses numpy/cupy expressions."""
-    return xp is np and all(a.dtype == np.float32 for a in arrays)
-
-
 def _softmax_(xp, sc):
     """sc (..., S) <- softmax(sc) in place; returns its log-sum-exp (..., 1)."""
-    if _fusable(xp, sc):
+    if takes(xp, sc):
         lse = np.empty(sc.shape[:-1] + (1,), dtype=sc.dtype)
         fused.softmax_rows(sc.reshape(-1, sc.shape[-1]), lse.reshape(-1))
         return lse
@@ -57,7 +53,7 @@ def _softmax_(xp, sc):
 
 def _probs_t_(xp, pt, scale, lse_t):
     """pt (b, Hkv, S, Q) <- exp(pt * scale - lse_t) in place; lse_t (b, Hkv, 1, Q)."""
-    if _fusable(xp, pt, lse_t):
+    if takes(xp, pt, lse_t):
         n = pt.shape[0] * pt.shape[1]
         fused.probs_t(pt.reshape(n, *pt.shape[2:]), np.float32(scale),
                       np.ascontiguousarray(lse_t).reshape(n, -1))
@@ -69,7 +65,7 @@ def _probs_t_(xp, pt, scale, lse_t):
 
 def _dscores_t_(xp, dpt, pt, delta_t, scale):
     """dpt <- (dpt - delta_t) * pt * scale in place (transposed scores, delta_t (b, Hkv, 1, Q))."""
-    if _fusable(xp, dpt, pt, delta_t):
+    if takes(xp, dpt, pt, delta_t):
         n = dpt.shape[0] * dpt.shape[1]
         fused.dscores_t(dpt.reshape(n, *dpt.shape[2:]), pt.reshape(n, *pt.shape[2:]),
                         np.ascontiguousarray(delta_t).reshape(n, -1), np.float32(scale))
