@@ -21,6 +21,13 @@ CASES = [
     ("q4_0", None, None, [(7, 96), (1, 32)]),
     ("q4_1", None, None, [(7, 96)]),
     ("q8_0", None, None, [(7, 96), (4, 64)]),
+    # K a multiple of 32: the SIMD walkers, blocks straddling rows (96 % 64) included
+    ("nf4", False, 64, [(5, 96), (3, 256)]),
+    ("nf4", True, 128, [(6, 96)]),
+    ("fp4", False, 256, [(7, 160)]),
+    ("fp4", True, 32, [(3, 64)]),
+    ("int8", False, 32, [(5, 96)]),
+    ("int8", False, 128, [(4, 192)]),
 ]
 PARAMS = [(f, dq, bs, s) for f, dq, bs, shapes in CASES for s in shapes]
 MS = (1, 7, 12, 64, 300)  # fused fwd+bwd, tiled fwd + fused bwd, tiled
@@ -58,6 +65,22 @@ def test_fwd_bwd_match_dequantized(fmt, dq, bs, shape):
         dx = linear_bwd(dy, w)
         assert dx.shape == (M, K) and dx.dtype == np.float32
         _close(dx, dy.astype(np.float64) @ W)
+
+
+@pytest.mark.parametrize("fmt,dq,bs", [("nf4", True, 64), ("int8", False, 64), ("q4_1", None, None),
+                                       ("nf4", False, 32)])
+def test_parallel_small_batch_paths(fmt, dq, bs, monkeypatch):
+    """The multi-threaded gemv/fused kernels (normally only for large weights) on small ones."""
+    monkeypatch.setattr(cpu_ops.gemv, "PARALLEL_MIN", 0)
+    for shape in ((37, 96), (37, 90)) if fmt != "q4_1" else ((37, 96),):
+        w = _weight(fmt, dq, bs, shape)
+        W = w.dequantize().astype(np.float64)
+        rng = np.random.default_rng(4)
+        for M in (1, 3, 12):
+            x = rng.standard_normal((M, shape[1])).astype(np.float32)
+            dy = rng.standard_normal((M, shape[0])).astype(np.float32)
+            _close(linear_fwd(x, w), x @ W.T)
+            _close(linear_bwd(dy, w), dy @ W)
 
 
 @pytest.mark.parametrize("fmt", ["nf4", "int8", "q4_1", "q8_0"])

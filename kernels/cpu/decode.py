@@ -4,14 +4,18 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .simd import DECODE
+from .simd_rows import row_run, simd_span
+
 # Format families, as ops.pack_args encodes them in pk[0].
 BNB4, INT8, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 4
 
 # pk = (family, block_size, double_quant, K, u8, i8, f32, absmax_q, absmax_code, absmax_scale,
-#       absmax_offset, pair)
+#       absmax_offset, pair, tab, shift)
 #   u8: nf4/fp4 codes or ggml block bytes; i8: int8 codes or the ggml bytes viewed as int8;
 #   f32: absmax (blockwise formats); pair: (256, 2) float32 values of a byte's two nibbles: nf4/fp4
-#   codebook values (high, low); q4_0/q4_1 integer values (low, high), q4_0 minus 8.
+#   codebook values (high, low); q4_0/q4_1 integer values (low, high), q4_0 minus 8; tab: the
+#   16 nf4/fp4 codebook values (zeros for the other formats); shift: log2(block_size / 32).
 
 
 @njit(inline="always", fastmath=True, cache=True)
@@ -126,7 +130,9 @@ def _ggml_span(fam, K, u8, i8, pair, n, k0, k1, out, o):
 def decode_span(pk, n, k0, k1, out, o):
     """W[n, k0:k1] into out[o:o + k1 - k0]; for ggml formats k0 and k1 are multiples of 32."""
     fam = pk[0]
-    if fam <= INT8:
+    if simd_span(pk[3], k0, k1):
+        row_run(DECODE, pk, n, k0, k1, np.float32(1.0), out, o)
+    elif fam <= INT8:
         _blockwise_span(fam, pk[1], pk[2], pk[4], pk[5], pk[6], pk[7], pk[8], pk[9], pk[10],
                         pk[11], n * pk[3] + k0, k1 - k0, out, o)
     else:

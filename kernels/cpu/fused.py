@@ -34,21 +34,33 @@ def _dot_rows(x, m, buf, K, rows, y, n0):
             y[m, n0 + r] = acc
 
 
+@njit(inline="always", fastmath=True, cache=True)
+def _fwd_groups(x, pk, N, g0, g1, buf, y):
+    """Row groups [g0, g1) of W (RB rows each): decoded once, dotted with every x row."""
+    K = x.shape[1]
+    for g in range(g0, g1):
+        n0 = g * RB
+        rows = min(RB, N - n0)
+        for r in range(rows):
+            decode_span(pk, n0 + r, 0, K, buf, r * K)
+        for m in range(x.shape[0]):
+            _dot_rows(x, m, buf, K, rows, y, n0)
+
+
+@njit(fastmath=True, cache=True)
+def fused_fwd_serial(x, pk, N, y):
+    """y (M, N) = x (M, K) @ W.T on the calling thread."""
+    _fwd_groups(x, pk, N, 0, (N + RB - 1) // RB, np.empty(RB * x.shape[1], np.float32), y)
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def fused_fwd(x, pk, N, tasks, y):
     """y (M, N) = x (M, K) @ W.T; `tasks` chunks of W's rows, each row decoded once."""
-    M, K = x.shape
     groups = (N + RB - 1) // RB
     chunks = min(groups, tasks)
     for c in prange(chunks):
-        buf = np.empty(RB * K, np.float32)
-        for g in range(c * groups // chunks, (c + 1) * groups // chunks):
-            n0 = g * RB
-            rows = min(RB, N - n0)
-            for r in range(rows):
-                decode_span(pk, n0 + r, 0, K, buf, r * K)
-            for m in range(M):
-                _dot_rows(x, m, buf, K, rows, y, n0)
+        buf = np.empty(RB * x.shape[1], np.float32)
+        _fwd_groups(x, pk, N, c * groups // chunks, (c + 1) * groups // chunks, buf, y)
 
 
 @njit(fastmath=True, cache=True)
@@ -70,21 +82,30 @@ def _axpy_rows(dy, m, n0, rows, buf, kc, acc):
                 acc[m, _u(k)] += d * buf[_u(r * kc + k)]
 
 
+@njit(inline="always", fastmath=True, cache=True)
+def _bwd_columns(dy, pk, k0, k1, dx):
+    """dx[:, k0:k1] = dy @ W[:, k0:k1], RB rows of W decoded at a time."""
+    M, N = dy.shape
+    w = k1 - k0
+    buf = np.empty(RB * w, np.float32)
+    acc = np.zeros((M, w), np.float32)
+    for n0 in range(0, N, RB):
+        rows = min(RB, N - n0)
+        for r in range(rows):
+            decode_span(pk, n0 + r, k0, k1, buf, r * w)
+        for m in range(M):
+            _axpy_rows(dy, m, n0, rows, buf, w, acc)
+    dx[:, k0:k1] = acc
+
+
+@njit(fastmath=True, cache=True)
+def fused_bwd_serial(dy, pk, K, dx):
+    """dx (M, K) = dy (M, N) @ W on the calling thread."""
+    _bwd_columns(dy, pk, 0, K, dx)
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def fused_bwd(dy, pk, K, kc, dx):
     """dx (M, K) = dy (M, N) @ W; threads split the columns of W in chunks of kc."""
-    M, N = dy.shape
-    chunks = (K + kc - 1) // kc
-    for c in prange(chunks):
-        k0 = c * kc
-        k1 = min(K, k0 + kc)
-        w = k1 - k0
-        buf = np.empty(RB * w, np.float32)
-        acc = np.zeros((M, w), np.float32)
-        for n0 in range(0, N, RB):
-            rows = min(RB, N - n0)
-            for r in range(rows):
-                decode_span(pk, n0 + r, k0, k1, buf, r * w)
-            for m in range(M):
-                _axpy_rows(dy, m, n0, rows, buf, w, acc)
-        dx[:, k0:k1] = acc
+    for c in prange((K + kc - 1) // kc):
+        _bwd_columns(dy, pk, c * kc, min(K, c * kc + kc), dx)

@@ -4,7 +4,8 @@ from numba import get_num_threads
 
 from ...errors import QuantError
 from .decode import BNB4, INT8, Q4_0, Q4_1, Q8_0, decode_rows_par, decode_tile_par
-from .fused import fused_bwd, fused_fwd
+from .fused import fused_bwd, fused_bwd_serial, fused_fwd, fused_fwd_serial
+from . import gemv
 from .tiled import tiled_bwd, tiled_fwd
 
 # Batches up to this many rows use the fused kernels; larger ones decode tiles for BLAS.
@@ -18,6 +19,7 @@ _U8 = np.zeros(1, np.uint8)
 _I8 = np.zeros(1, np.int8)
 _F32 = np.zeros(1, np.float32)
 _PAIR0 = np.zeros((256, 2), np.float32)
+_TAB0 = np.zeros(16, np.float32)
 _PAIRS = {}
 
 
@@ -75,11 +77,14 @@ def pack_args(w):
     elif fam <= INT8:
         f32 = _buf(w, "absmax", np.float32)
     bs = int(w.block_size) if fam <= INT8 else 32
-    return (fam, bs, dq, K, u8, i8, f32, aq, acode, ascale, aoff, pair)
+    tab = np.ascontiguousarray(pair[:16, 1]) if fam == BNB4 else _TAB0
+    shift = max(bs // 32, 1).bit_length() - 1  # chunks of 32 per block, as a shift
+    return (fam, bs, dq, K, u8, i8, f32, aq, acode, ascale, aoff, pair, tab, shift)
 
 
 def _align(pk):
-    return 32 if pk[0] >= Q4_0 else 1
+    """Column alignment of tiles: whole 32-value chunks keep every tile on the SIMD decoders."""
+    return 32 if pk[3] % 32 == 0 else 1
 
 
 def _bwd_chunk(pk, K):
@@ -89,6 +94,33 @@ def _bwd_chunk(pk, K):
     return kc if pk[0] >= Q4_0 or kc < K else K
 
 
+def _small_fwd(x, pk, N, out, serial):
+    """A few rows of x: one row straight from the packed bytes (gemv), more through decoded
+    groups of W's rows (fused); small products stay on the calling thread."""
+    if x.shape[0] == 1 and pk[3] % 32 == 0:
+        if serial:
+            gemv.gemv_fwd_serial(x, pk, out)
+        else:
+            gemv.gemv_fwd(x, pk, out, 4 * get_num_threads())
+    elif serial:
+        fused_fwd_serial(x, pk, N, out)
+    else:
+        fused_fwd(x, pk, N, 4 * get_num_threads(), out)
+
+
+def _small_bwd(dy, pk, K, out, serial):
+    """The backward counterpart of _small_fwd."""
+    if dy.shape[0] == 1 and K % 32 == 0:
+        if serial:
+            gemv.gemv_bwd_serial(dy, pk, out)
+        else:
+            gemv.gemv_bwd(dy, pk, out, get_num_threads())
+    elif serial:
+        fused_bwd_serial(dy, pk, K, out)
+    else:
+        fused_bwd(dy, pk, K, _bwd_chunk(pk, K), out)
+
+
 def linear_fwd(x, w, out, scratch, cap_elems):
     """out (M, N) = x (M, K) @ W.T for a numpy PackedWeight."""
     pk = pack_args(w)
@@ -96,7 +128,7 @@ def linear_fwd(x, w, out, scratch, cap_elems):
     if x.shape[0] == 0:
         return out
     if x.shape[0] <= FUSED_MAX_M:
-        fused_fwd(x, pk, N, 4 * get_num_threads(), out)
+        _small_fwd(x, pk, N, out, x.size * N < gemv.PARALLEL_MIN)
         return out
     return tiled_fwd(x, pk, N, out, scratch, cap_elems, _align(pk))
 
@@ -108,7 +140,7 @@ def linear_bwd(dy, w, out, scratch, cap_elems):
     if dy.shape[0] == 0:
         return out
     if dy.shape[0] <= FUSED_MAX_M_BWD:
-        fused_bwd(dy, pk, K, _bwd_chunk(pk, K), out)
+        _small_bwd(dy, pk, K, out, dy.size * K < gemv.PARALLEL_MIN)
         return out
     return tiled_bwd(dy, pk, K, out, scratch, cap_elems, _align(pk))
 
