@@ -245,3 +245,33 @@ def test_fused_float32_elementwise_match_float64():
     np.testing.assert_allclose(p, ref / ref.sum(1, keepdims=True), atol=1e-7)
     assert np.all(p[:, 30:] == 0)
     np.testing.assert_allclose(lse, np.log(np.exp(s64).sum(1)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [3, 400])  # under and over SERIAL_MAX elements (one thread / all)
+def test_row_kernels_serial_and_parallel_branches(rows):
+    from packlora.kernels.cpu import SERIAL_MAX
+    from packlora.kernels.cpu import attention as att
+    from packlora.kernels.cpu import elementwise as ew
+    d = 576
+    assert (rows * d < SERIAL_MAX) == (rows == 3)
+    rng = np.random.default_rng(9)
+    x, up = (rng.standard_normal((rows, d)) for _ in range(2))
+    w = rng.standard_normal(d)
+    y, r = np.empty((rows, d)), np.empty(rows)
+    ew.rmsnorm_fwd(x, w, 1e-5, y, r)
+    np.testing.assert_allclose(y, x / np.sqrt((x * x).mean(1, keepdims=True) + 1e-5) * w,
+                               rtol=1e-12)
+    ew.swiglu_fwd(x, up, y)
+    np.testing.assert_allclose(y, x / (1 + np.exp(-x)) * up, rtol=1e-12)
+    s, lse = x.copy(), np.empty(rows)
+    att.softmax_rows(s, lse)
+    np.testing.assert_allclose(lse, np.log(np.exp(x).sum(1)), rtol=1e-12)
+    np.testing.assert_allclose(s, np.exp(x - lse[:, None]), rtol=1e-12)
+    xr = x.reshape(1, rows, 9, 64)
+    ang = rng.standard_normal((rows, 32))
+    out = np.empty_like(xr)
+    ew.rope_apply(xr, np.cos(ang), np.sin(ang), out, 1.0)
+    x1, x2 = xr[..., :32], xr[..., 32:]
+    c, sn = np.cos(ang)[None, :, None], np.sin(ang)[None, :, None]
+    np.testing.assert_allclose(out, np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], -1),
+                               rtol=1e-12, atol=1e-12)

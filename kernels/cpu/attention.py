@@ -9,27 +9,37 @@ import math
 
 from numba import njit, prange
 
+from . import SERIAL_MAX
 from .fastexp import SAFE_FASTMATH, fexp
+
+
+@njit(inline="always", fastmath=SAFE_FASTMATH, cache=True)
+def _softmax_row(s, lse, i):
+    n = s.shape[1]
+    m = s[i, 0]
+    for j in range(1, n):
+        if s[i, j] > m:  # a NaN is skipped here; the exp pass still makes the row NaN
+            m = s[i, j]
+    acc = 0.0
+    for j in range(n):
+        e = fexp(s[i, j] - m)
+        s[i, j] = e
+        acc += e
+    inv = 1.0 / acc
+    for j in range(n):
+        s[i, j] *= inv
+    lse[i] = m + math.log(acc)
 
 
 @njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
 def softmax_rows(s, lse):
     """s (R, S) float32; lse (R,) gets max + log(sum(exp(s - max)))."""
-    rows, n = s.shape
-    for i in prange(rows):
-        m = s[i, 0]
-        for j in range(1, n):
-            if s[i, j] > m:  # a NaN is skipped here; the exp pass still makes the row NaN
-                m = s[i, j]
-        acc = 0.0
-        for j in range(n):
-            e = fexp(s[i, j] - m)
-            s[i, j] = e
-            acc += e
-        inv = 1.0 / acc
-        for j in range(n):
-            s[i, j] *= inv
-        lse[i] = m + math.log(acc)
+    if s.size < SERIAL_MAX:
+        for i in range(s.shape[0]):
+            _softmax_row(s, lse, i)
+    else:
+        for i in prange(s.shape[0]):
+            _softmax_row(s, lse, i)
 
 
 @njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)

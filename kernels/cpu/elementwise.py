@@ -1,28 +1,39 @@
 """Fused elementwise kernels for the CPU: RMSNorm, SwiGLU and RoPE, forward and backward.
 
 Each replaces several numpy passes (and their temporaries) with one parallel loop over rows.
-Arrays are C-contiguous; rows are the flattened leading axes.
+Arrays are C-contiguous; rows are the flattened leading axes. Inputs under SERIAL_MAX elements
+(a decode step's single token) stay on the calling thread.
 """
 import math
 
 import numpy as np
 from numba import njit, prange
 
+from . import SERIAL_MAX
 from .fastexp import SAFE_FASTMATH, fexp, one_like
+
+
+@njit(inline="always", fastmath=True, cache=True)
+def _rmsnorm_row(x, w, eps, y, r, i):
+    d = x.shape[1]
+    acc = 0.0
+    for j in range(d):
+        acc += x[i, j] * x[i, j]
+    inv = 1.0 / math.sqrt(acc / d + eps)
+    r[i] = inv
+    for j in range(d):
+        y[i, j] = x[i, j] * inv * w[j]
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def rmsnorm_fwd(x, w, eps, y, r):
     """x, y: (R, D); w: (D,); r: (R,) gets 1/sqrt(mean(x^2) + eps)."""
-    rows, d = x.shape
-    for i in prange(rows):
-        acc = 0.0
-        for j in range(d):
-            acc += x[i, j] * x[i, j]
-        inv = 1.0 / math.sqrt(acc / d + eps)
-        r[i] = inv
-        for j in range(d):
-            y[i, j] = x[i, j] * inv * w[j]
+    if x.size < SERIAL_MAX:
+        for i in range(x.shape[0]):
+            _rmsnorm_row(x, w, eps, y, r, i)
+    else:
+        for i in prange(x.shape[0]):
+            _rmsnorm_row(x, w, eps, y, r, i)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -40,14 +51,22 @@ def rmsnorm_bwd(g, x, w, r, dx):
             dx[i, j] = inv * (g[i, j] * w[j] - xhat * dot)
 
 
+@njit(inline="always", fastmath=SAFE_FASTMATH, cache=True)
+def _swiglu_row(gate, up, y, i):
+    for j in range(gate.shape[1]):
+        a = gate[i, j]
+        y[i, j] = a / (one_like(a) + fexp(-a)) * up[i, j]
+
+
 @njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
 def swiglu_fwd(gate, up, y):
     """y = silu(gate) * up over (R, D)."""
-    rows, d = gate.shape
-    for i in prange(rows):
-        for j in range(d):
-            a = gate[i, j]
-            y[i, j] = a / (one_like(a) + fexp(-a)) * up[i, j]
+    if gate.size < SERIAL_MAX:
+        for i in range(gate.shape[0]):
+            _swiglu_row(gate, up, y, i)
+    else:
+        for i in prange(gate.shape[0]):
+            _swiglu_row(gate, up, y, i)
 
 
 @njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
@@ -64,23 +83,33 @@ def swiglu_bwd(g, gate, up, dgate, dup, want_gate, want_up):
                 dup[i, j] = g[i, j] * a * s
 
 
+@njit(inline="always", fastmath=True, cache=True)
+def _rope_position(x, cos, sin, out, sign, bt):
+    t, h, d = x.shape[1:]
+    half = d // 2
+    bi = bt // t
+    ti = bt % t
+    for hi in range(h):
+        for j in range(half):
+            c = cos[ti, j]
+            s = sin[ti, j] * sign
+            x1 = x[bi, ti, hi, j]
+            x2 = x[bi, ti, hi, j + half]
+            out[bi, ti, hi, j] = x1 * c - x2 * s
+            out[bi, ti, hi, j + half] = x2 * c + x1 * s
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def rope_apply(x, cos, sin, out, sign):
     """Rotate-half RoPE over x (B, T, H, D) with cos/sin (T, D/2); sign=-1 applies the inverse
     rotation (the backward pass)."""
-    b, t, h, d = x.shape
-    half = d // 2
-    for bt in prange(b * t):
-        bi = bt // t
-        ti = bt % t
-        for hi in range(h):
-            for j in range(half):
-                c = cos[ti, j]
-                s = sin[ti, j] * sign
-                x1 = x[bi, ti, hi, j]
-                x2 = x[bi, ti, hi, j + half]
-                out[bi, ti, hi, j] = x1 * c - x2 * s
-                out[bi, ti, hi, j + half] = x2 * c + x1 * s
+    positions = x.shape[0] * x.shape[1]
+    if x.size < SERIAL_MAX:
+        for bt in range(positions):
+            _rope_position(x, cos, sin, out, sign, bt)
+    else:
+        for bt in prange(positions):
+            _rope_position(x, cos, sin, out, sign, bt)
 
 
 def rows2(a):
