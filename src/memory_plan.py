@@ -1,43 +1,26 @@
 """The memory plan: bytes per category and the step's peak, from the config alone (no weights)."""
+from .kernels.cpu.tiled import plan as tile_plan
 from .memory import CATEGORIES
 from .memory_activations import F32, BlockModel
 from .memory_inputs import plan_inputs
 
 # mirrors kernels/cpu/ops.py (batches up to these many rows use the fused, scratch-free kernels)
 FUSED_MAX_M, FUSED_MAX_M_BWD = 8, 16
-_GGUF = ("q4_0", "q4_1", "q8_0")
 
 
 # ----------------------------------------------------------------------------- dense scratch
 
-def _round_down(v, align):
-    return max(align, v // align * align)
-
-
-def tile_plan(m, p, r, cap, align_p, align_r):
-    """(mc, pc, rc) exactly as kernels/cpu/tiled.plan chooses them."""
-    if r * align_p <= cap:
-        return m, min(p, _round_down(cap // r, align_p)), r
-    pc = min(p, align_p)
-    half = cap // 2
-    return min(m, max(1, half // pc)), pc, min(r, _round_down(half // pc, align_r))
-
-
-def _tiled_elems(m, p, r, cap, align_p, align_r):
-    """float32 elements of scratch a tiled product (M, P) = (M, R) @ (R, P) asks for."""
-    mc, pc, rc = tile_plan(m, p, r, cap, align_p, align_r)
-    return pc * rc + (mc * pc if rc < r else 0)
-
-
 def scratch_need(storage, m, cap, backward):
-    """Scratch bytes of one packed matmul with m rows (0 on the fused small-batch path)."""
+    """Scratch bytes of one packed matmul with m rows (0 on the small-batch paths): one tile
+    as kernels/cpu/tiled.plan chooses it, its columns aligned as kernels/cpu/ops._align does."""
     if not storage.packed:
         return 0
+    if m <= (FUSED_MAX_M_BWD if backward else FUSED_MAX_M):
+        return 0
     n, k = storage.shape
-    align = 32 if storage.format in _GGUF else 1
-    if backward:
-        return 0 if m <= FUSED_MAX_M_BWD else F32 * _tiled_elems(m, k, n, cap, align, 1)
-    return 0 if m <= FUSED_MAX_M else F32 * _tiled_elems(m, n, k, cap, 1, align)
+    align = 32 if k % 32 == 0 else 1
+    pc, rc = tile_plan(k, n, cap, align, 1) if backward else tile_plan(n, k, cap, 1, align)
+    return F32 * pc * rc
 
 
 def _rows_bytes(m, n, cap_bytes):

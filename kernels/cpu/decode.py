@@ -126,7 +126,7 @@ def _ggml_span(fam, K, u8, i8, pair, n, k0, k1, out, o):
                  out, o)
 
 
-@njit(fastmath=True, cache=True)
+@njit(inline="always", fastmath=True, cache=True)
 def decode_span(pk, n, k0, k1, out, o):
     """W[n, k0:k1] into out[o:o + k1 - k0]; for ggml formats k0 and k1 are multiples of 32."""
     fam = pk[0]

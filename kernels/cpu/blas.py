@@ -1,0 +1,77 @@
+"""sgemm with beta: C = A @ B + beta * C on strided float32 views, through the BLAS numpy uses.
+
+numpy's matmul cannot accumulate into its output, so a product split along its reduction needs
+a temporary and an extra pass. Calling the CBLAS sgemm numpy is linked with (its bundled
+OpenBLAS, or the system's) accumulates in place. Without one, `gemm` falls back to numpy with a
+temporary.
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+
+import numpy as np
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+def _candidates():
+    """(library path, symbol, 64-bit integers) to try, numpy's own BLAS first."""
+    root = os.path.dirname(os.path.dirname(np.__file__))
+    for pattern in ("numpy.libs/*openblas*", "numpy/.dylibs/*openblas*", "numpy.libs/*.dll"):
+        for path in sorted(glob.glob(os.path.join(root, pattern))):
+            yield path, "scipy_cblas_sgemm64_", True
+            yield path, "cblas_sgemm64_", True
+            yield path, "cblas_sgemm", False
+    for name in ("openblas", "Accelerate", "cblas"):
+        path = ctypes.util.find_library(name)
+        if path:
+            yield path, "cblas_sgemm", False
+
+
+def _load():
+    for path, symbol, wide in _candidates():
+        try:
+            fn = getattr(ctypes.CDLL(path), symbol)
+        except (OSError, AttributeError):
+            continue
+        it = ctypes.c_int64 if wide else ctypes.c_int
+        ci, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+        fn.argtypes = [ci, ci, ci, it, it, it, f, p, it, p, it, f, p, it]
+        fn.restype = None
+        return fn
+    return None
+
+
+SGEMM = _load()
+
+
+def _operand(a):
+    """(transpose flag, leading dimension) of a 2-D float32 view with one unit stride."""
+    s0, s1 = (s // 4 for s in a.strides)
+    if s1 == 1 or a.shape[1] == 1:
+        return _NO_TRANS, max(s0, a.shape[1], 1)
+    if s0 == 1 or a.shape[0] == 1:
+        return _TRANS, max(s1, a.shape[0], 1)
+    return None, None
+
+
+def gemm(a, b, c, beta):
+    """c (M, N) = a (M, K) @ b (K, N) + beta * c, beta 0 or 1; float32 views, each with a unit
+    stride along one axis (c along its rows)."""
+    ta, lda = _operand(a)
+    tb, ldb = _operand(b)
+    ok = (SGEMM is not None and ta is not None and tb is not None and c.strides[1] == 4
+          and all(x.dtype == np.float32 for x in (a, b, c)))
+    if not ok:
+        if beta:
+            c += a @ b
+        else:
+            np.matmul(a, b, out=c)
+        return c
+    m, k = a.shape
+    n = b.shape[1]
+    if m and n:
+        SGEMM(_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
+              float(beta), c.ctypes.data, max(c.strides[0] // 4, n, 1))
+    return c
