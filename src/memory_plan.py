@@ -1,4 +1,5 @@
 """The memory plan: bytes per category and the step's peak, from the config alone (no weights)."""
+from .kernels.cpu import blas
 from .kernels.cpu.tiled import plan as tile_plan
 from .memory import CATEGORIES
 from .memory_activations import F32, BlockModel
@@ -41,9 +42,10 @@ def dense_scratch(inp):
     bm.forward(inp.grad_checkpointing)
     for i in range(inp.model.num_layers if inp.grad_checkpointing else 0):
         bm.recompute(i, i > 0)
+    lora_scratch = inp.device != "cpu" or blas.SGEMM is None  # else BLAS accumulates in place
     for path, backward in bm.calls:  # LoRA: y += s·xa @ B.T, and dx += gxa @ A
         ad = inp.adapters.get(path)
-        if ad is not None:
+        if ad is not None and lora_scratch:
             need = max(need, _rows_bytes(inp.tokens, ad.n_out, inp.scratch_cap))
             if backward and ad.dropout == 0:
                 need = max(need, _rows_bytes(inp.tokens, ad.n_in, inp.scratch_cap))
