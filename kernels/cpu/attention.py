@@ -13,7 +13,7 @@ from . import SERIAL_MAX
 from .fastexp import SAFE_FASTMATH, fexp
 
 
-@njit(inline="always", fastmath=SAFE_FASTMATH, cache=True)
+@njit(fastmath=SAFE_FASTMATH, cache=True)
 def _softmax_row(s, lse, i):
     n = s.shape[1]
     m = s[i, 0]

@@ -13,7 +13,7 @@ from . import SERIAL_MAX
 from .fastexp import SAFE_FASTMATH, fexp, one_like
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@njit(fastmath=True, cache=True)
 def _rmsnorm_row(x, w, eps, y, r, i):
     d = x.shape[1]
     acc = 0.0
@@ -51,7 +51,7 @@ def rmsnorm_bwd(g, x, w, r, dx):
             dx[i, j] = inv * (g[i, j] * w[j] - xhat * dot)
 
 
-@njit(inline="always", fastmath=SAFE_FASTMATH, cache=True)
+@njit(fastmath=SAFE_FASTMATH, cache=True)
 def _swiglu_row(gate, up, y, i):
     for j in range(gate.shape[1]):
         a = gate[i, j]
@@ -83,7 +83,7 @@ def swiglu_bwd(g, gate, up, dgate, dup, want_gate, want_up):
                 dup[i, j] = g[i, j] * a * s
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@njit(fastmath=True, cache=True)
 def _rope_position(x, cos, sin, out, sign, bt):
     t, h, d = x.shape[1:]
     half = d // 2
