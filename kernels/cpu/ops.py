@@ -87,13 +87,6 @@ def _align(pk):
     return 32 if pk[3] % 32 == 0 else 1
 
 
-def _bwd_chunk(pk, K):
-    """Columns per thread task in the fused backward: a few tasks per thread, ≤ 512 wide."""
-    want = -(-K // (4 * get_num_threads()))
-    kc = min(512, max(32, -(-want // 32) * 32))
-    return kc if pk[0] >= Q4_0 or kc < K else K
-
-
 def _small_fwd(x, pk, N, out, serial):
     """A few rows of x: one row straight from the packed bytes (gemv), more through decoded
     groups of W's rows (fused); small products stay on the calling thread."""
@@ -118,7 +111,7 @@ def _small_bwd(dy, pk, K, out, serial):
     elif serial:
         fused_bwd_serial(dy, pk, K, out)
     else:
-        fused_bwd(dy, pk, K, _bwd_chunk(pk, K), out)
+        fused_bwd(dy, pk, K, get_num_threads(), out)
 
 
 def linear_fwd(x, w, out, scratch, cap_elems):
