@@ -215,28 +215,25 @@ def _body(context, b, op, kind, variant, pkty, pk, cb, nch, g0, sh, a, vdata, vo
     return ir.Constant(_F32, 0.0)
 
 
-def _emit(variant, fixed=None):
-    """Codegen of run([op, kind,] pk, cb, nch, g0, sh, a, v, vo): for `fixed` = (op, kind) one
-    loop, else a branch to the loop of the runtime (op, kind)."""
+def _emit(variant, op, kind=None):
+    """Codegen of run([kind,] pk, cb, nch, g0, sh, a, v, vo) for `op`: one loop for a fixed
+    kind, else a branch to the loop of the runtime kind."""
 
     def codegen(context, b, sig, args):
-        types_ = sig.args if fixed else sig.args[2:]
-        pk, cb, nch, g0, sh, a, v, vo = args if fixed else args[2:]
+        types_ = sig.args if kind is not None else sig.args[1:]
+        pk, cb, nch, g0, sh, a, v, vo = args if kind is not None else args[1:]
         cb, nch, g0, sh, vo = (context.cast(b, x, types_[i], types.int64)
                                for i, x in ((1, cb), (2, nch), (3, g0), (4, sh), (7, vo)))
         a = context.cast(b, a, types_[5], types.float32)
         vdata = context.make_array(types_[6])(context, b, value=v).data
         rest = (types_[0], pk, cb, nch, g0, sh, a, vdata, vo)
-        if fixed:
-            return _body(context, b, *fixed, variant, *rest)
-        op, kind = (context.cast(b, x, t, types.int64) for x, t in zip(args[:2], sig.args[:2]))
+        if kind is not None:
+            return _body(context, b, op, kind, variant, *rest)
+        k_rt = context.cast(b, args[0], sig.args[0], types.int64)
         res = cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0))
-        for o in (DECODE, DOT, AXPY):
-            for k in KINDS:
-                hit = b.and_(b.icmp_signed("==", op, ir.Constant(_I64, o)),
-                             b.icmp_signed("==", kind, ir.Constant(_I64, k)))
-                with b.if_then(hit):
-                    b.store(_body(context, b, o, k, variant, *rest), res)
+        for k in KINDS:
+            with b.if_then(b.icmp_signed("==", k_rt, ir.Constant(_I64, k))):
+                b.store(_body(context, b, op, k, variant, *rest), res)
         return b.load(res)
 
     return codegen
@@ -251,18 +248,18 @@ def make_run(op, kind, variant=None):
 
     @intrinsic
     def run(typingctx, pk, cb, nch, g0, sh, a, v, vo):
-        return types.float32(pk, cb, nch, g0, sh, a, v, vo), _emit(variant, (op, kind))
+        return types.float32(pk, cb, nch, g0, sh, a, v, vo), _emit(variant, op, kind)
 
     return run
 
 
-def make_dispatch(variant=None):
-    """The same as make_run with the op and kind as leading runtime arguments:
-    run(op, kind, pk, cb, nch, g0, sh, a, v, vo) -> float32."""
+def make_dispatch(op, variant=None):
+    """make_run's operation with the chunk kind as a leading runtime argument:
+    run(kind, pk, cb, nch, g0, sh, a, v, vo) -> float32."""
     variant = variant or lookup_variant()
 
     @intrinsic
-    def run(typingctx, op, kind, pk, cb, nch, g0, sh, a, v, vo):
-        return types.float32(op, kind, pk, cb, nch, g0, sh, a, v, vo), _emit(variant)
+    def run(typingctx, kind, pk, cb, nch, g0, sh, a, v, vo):
+        return types.float32(kind, pk, cb, nch, g0, sh, a, v, vo), _emit(variant, op)
 
     return run

@@ -6,13 +6,12 @@ A span [k0, k1) of a row is one run of 32-value chunks; it needs K, k0 and k1 to
 from numba import njit
 
 from . import simd
-from .simd import I8, Q4_0, Q4_1, Q8_0, TAB4, TAB4DQ
+from .simd import AXPY, DECODE, DOT, I8, Q4_0, Q4_1, Q8_0, TAB4, TAB4DQ
 
-_run = simd.make_dispatch()
+_decode, _dot, _axpy = (simd.make_dispatch(op) for op in (DECODE, DOT, AXPY))
 
 # Format families as decode.py numbers them (pk[0]) and their chunk kinds.
-_BNB4, _GQ4_0 = 0, 2
-_BPB = (0, 0, 18, 20, 34)  # bytes per ggml block, by family
+_BNB4, _INT8, _GQ4_0, _GQ4_1 = 0, 1, 2, 3
 
 
 @njit(inline="always", cache=True)
@@ -23,10 +22,33 @@ def simd_span(K, k0, k1):
 
 @njit(inline="always", cache=True)
 def _kind(pk):
+    """The chunk kind of a weight. (If-chains: indexing a constant tuple with a runtime value
+    cost ~45 ns per row here.)"""
     fam = pk[0]
     if fam == _BNB4:
         return TAB4DQ if pk[2] else TAB4
-    return (TAB4, I8, Q4_0, Q4_1, Q8_0)[fam]
+    if fam == _INT8:
+        return I8
+    if fam == _GQ4_0:
+        return Q4_0
+    return Q4_1 if fam == _GQ4_1 else Q8_0
+
+
+@njit(inline="always", cache=True)
+def _bpb(fam):
+    """Bytes per ggml block of a family."""
+    if fam == _GQ4_0:
+        return 18
+    return 20 if fam == _GQ4_1 else 34
+
+
+@njit(inline="always", cache=True)
+def _run(op, kind, pk, cb, nch, g0, sh, a, v, vo):
+    if op == DECODE:
+        return _decode(kind, pk, cb, nch, g0, sh, a, v, vo)
+    if op == DOT:
+        return _dot(kind, pk, cb, nch, g0, sh, a, v, vo)
+    return _axpy(kind, pk, cb, nch, g0, sh, a, v, vo)
 
 
 @njit(inline="always", fastmath=True, cache=True)
@@ -38,7 +60,7 @@ def row_run(op, pk, n, k0, k1, a, v, vo):
     kind = _kind(pk)
     nch = (k1 - k0) // 32
     if fam >= _GQ4_0:
-        cb = (n * (K // 32) + k0 // 32) * _BPB[fam]
+        cb = (n * (K // 32) + k0 // 32) * _bpb(fam)
         return _run(op, kind, pk, cb, nch, 0, 0, a, v, vo)
     start = n * K + k0
     cb = start // 2 if fam == _BNB4 else start
