@@ -277,3 +277,33 @@ def test_row_kernels_serial_and_parallel_branches(rows):
     c, sn = np.cos(ang)[None, :, None], np.sin(ang)[None, :, None]
     np.testing.assert_allclose(out, np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], -1),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("through_blas", [True, False])
+def test_gemm_accumulates_on_strided_views(through_blas, monkeypatch):
+    """blas.gemm: C = A @ B + beta C on column slices and transposed views, through CBLAS and
+    through its numpy fallback; LoRA's add_product on both paths."""
+    from packlora.adapters.lora import add_product
+    from packlora.kernels.cpu import blas
+    if not through_blas:
+        monkeypatch.setattr(blas, "SGEMM", None)
+    elif blas.SGEMM is None:
+        pytest.skip("no CBLAS sgemm found next to numpy or on the system")
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((7, 40), dtype=np.float32)
+    tile = rng.standard_normal((9, 24), dtype=np.float32)
+    out = rng.standard_normal((7, 30), dtype=np.float32)
+    want = out.astype(np.float64)
+    want[:, 3:12] += x[:, 8:32].astype(np.float64) @ tile.T.astype(np.float64)
+    blas.gemm(x[:, 8:32], tile.T, out[:, 3:12], 1)  # a column slice, a transposed tile
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    blas.gemm(x[:, :24], tile.T, out[:, 3:12], 0)
+    np.testing.assert_allclose(out[:, 3:12], x[:, :24] @ tile.T, rtol=1e-5, atol=1e-5)
+    dst = rng.standard_normal((50, 30), dtype=np.float32)
+    a = rng.standard_normal((50, 4), dtype=np.float32)
+    b = rng.standard_normal((30, 4), dtype=np.float32)
+    want = dst + a @ b.T
+    dev = Device.cpu()
+    dev.set_scratch_cap(1024)  # the scratch path goes a few rows at a time
+    add_product(dst, a, b.T, dev)
+    np.testing.assert_allclose(dst, want, rtol=1e-5, atol=1e-5)
