@@ -1,8 +1,9 @@
 """SmolLM2-135M prefill and KV-cache decode: packed GGUF Q4_1 vs the same model in float32 (JSON).
 
-Phase 1 times both variants (tracemalloc off, it slows small allocations) and reads the memory
-tracker; phase 2 repeats a short run under tracemalloc as the independent memory measure.
-Usage: python bench/forward.py [--prefill 512] [--decode 128] [--reps 2] [--profile N] [--threads N]
+Phase 1 times both variants, taking turns (tracemalloc off, it slows small allocations), and
+reads the memory tracker; phase 2 repeats a short run under tracemalloc as the independent memory
+measure.
+Usage: python bench/forward.py [--prefill 512] [--decode 128] [--reps 3] [--profile N] [--threads N]
 """
 import argparse
 import cProfile
@@ -46,11 +47,6 @@ def densify(model):
     return model
 
 
-def weight_bytes(model):
-    mem = model.device.memory
-    return mem.current["base_packed"] + mem.current["base_other"]
-
-
 def run(model, ids, n_decode):
     """(prefill seconds, decode seconds) of one prompt + n_decode greedy tokens."""
     cache = KVCache(model.config, model.device, 1, ids.shape[1] + n_decode)
@@ -65,22 +61,32 @@ def run(model, ids, n_decode):
     return t1 - t0, t2 - t1
 
 
-def measure(model, ids, n_decode, reps):
-    """Best-of-reps speeds and the tracker's weight / run-peak bytes."""
-    mem = model.device.memory
-    run(model, ids, 2)  # warm-up: every kernel (tiled prefill, fused decode) loaded
-    mem.reset_peak()
-    prefill, decode = [], []
+def measure(models, weights, ids, n_decode, reps):
+    """Best-of-reps speeds and tracked bytes (the model's weights + the run's peak above what was
+    live before it) of each model. The models take turns, rep by rep, so a slower minute on a
+    shared machine hits both alike; both sit on the one CPU device, so its tracker's peak is read
+    as a difference around each run."""
+    mem = next(iter(models.values())).device.memory
+    for model in models.values():
+        run(model, ids, 2)  # warm-up: every kernel (tiled prefill, fused decode) loaded
+    times = {name: ([], [], []) for name in models}
     for _ in range(reps):
-        p, d = run(model, ids, n_decode)
-        prefill.append(p)
-        decode.append(d)
-    return {"prefill_tokens_per_s": round(ids.shape[1] / min(prefill), 1),
+        for name, model in models.items():
+            mem.reset_peak()
+            live = mem.total
+            p, d = run(model, ids, n_decode)
+            for lst, v in zip(times[name], (p, d, mem.total_peak - live)):
+                lst.append(v)
+    out = {}
+    for name in models:
+        prefill, decode, peak = times[name]
+        out[name] = {
+            "prefill_tokens_per_s": round(ids.shape[1] / min(prefill), 1),
             "decode_tokens_per_s": round(n_decode / min(decode), 2),
             "prefill_s": [round(x, 3) for x in prefill], "decode_s": [round(x, 3) for x in decode],
-            "tracked_weights_mb": round(weight_bytes(model) / MB, 1),
-            "tracked_run_peak_mb": round(mem.total_peak / MB, 1),
-            "tracked_peak_by_category_mb": {k: round(v / MB, 1) for k, v in mem.peak.items() if v}}
+            "tracked_weights_mb": round(weights[name] / MB, 1),
+            "tracked_run_peak_mb": round((weights[name] + max(peak)) / MB, 1)}
+    return out
 
 
 def tracemalloc_phase(ids, n_decode):
@@ -123,24 +129,28 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, help="cProfile N decode steps per variant")
     ap.add_argument("--threads", type=int, default=None,
                     help="BLAS and Numba threads (default: the libraries' own choice)")
     args = ap.parse_args()
-    model = load_model(MODEL, device=Device.cpu())
-    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, args.prefill))
+    mem = Device.cpu().memory
+    models, weights = {}, {}
+    for name in ("packed_q4_1", "float32"):
+        before = mem.total
+        model = load_model(MODEL, device=Device.cpu())
+        models[name] = densify(model) if name == "float32" else model
+        gc.collect()
+        weights[name] = mem.total - before
+    vocab = models["float32"].config.vocab_size
+    ids = np.random.default_rng(0).integers(0, vocab, (1, args.prefill))
     import numba
     result = {"model": MODEL, "prefill_tokens": args.prefill, "decode_tokens": args.decode,
               "threads": numba.get_num_threads(), "load_average": os.getloadavg()[0]}
-    profiles = {}
-    result["packed_q4_1"] = measure(model, ids, args.decode, args.reps)
-    if args.profile:
-        profiles["packed_q4_1"] = profile_decode(model, ids[:, :32], args.profile)
-    result["float32"] = measure(densify(model), ids, args.decode, args.reps)
-    if args.profile:
-        profiles["float32"] = profile_decode(model, ids[:, :32], args.profile)
-    del model
+    result.update(measure(models, weights, ids, args.decode, args.reps))
+    profiles = {name: profile_decode(model, ids[:, :32], args.profile)
+                for name, model in models.items()} if args.profile else {}
+    del models
     result["tracemalloc"] = tracemalloc_phase(ids[:, :args.prefill], 8)
     p, f = result["packed_q4_1"], result["float32"]
     tm = result["tracemalloc"]
