@@ -1,5 +1,7 @@
 """Packed-weight matmul time ÷ dense float32 BLAS time, and extra memory, as one JSON document.
 
+Packed and dense calls take turns and each side's best time counts (the machines are shared).
+
 Usage: python bench/kernels.py [--quick] [--formats nf4,q4_0] [--ms 1,8,512]
 """
 import argparse
@@ -60,16 +62,18 @@ def random_packed(fmt, N, K, rng):
     return PackedWeight(fmt, (N, K), bufs, 64, dq)
 
 
-def median_time(fn, budget_s=0.4, min_reps=3, max_reps=9):
-    fn()  # warm-up (compilation, page faults of the output)
-    times = []
+def paired_times(packed, dense, budget_s=0.6, min_reps=3, max_reps=9):
+    """(packed, dense) best times, the two taking turns: on a shared machine a slow moment then
+    hits both sides instead of one, and the best of several runs is the least disturbed."""
+    packed(), dense()  # warm-up (compilation, page faults of the output)
+    tp, td = [], []
     start = time.perf_counter()
-    while len(times) < min_reps or (len(times) < max_reps
-                                    and time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    while len(tp) < min_reps or (len(tp) < max_reps and time.perf_counter() - start < budget_s):
+        for fn, times in ((dense, td), (packed, tp)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return min(tp), min(td)
 
 
 def peak_extra(fn, out_bytes):
@@ -105,12 +109,14 @@ def cold_ratios(x, dy, Wd, w):
         def run():
             for item in items:
                 call(item)
-        return median_time(run) / len(items)
-    ratios = (sweep(packed, lambda p: linear_fwd(x, p, out=y))
-              / sweep(dense, lambda d: np.matmul(x, d.T, out=y)),
-              sweep(packed, lambda p: linear_bwd(dy, p, out=dx))
-              / sweep(dense, lambda d: np.matmul(dy, d, out=dx)))
-    return tuple(round(r, 3) for r in ratios)
+        return run
+
+    ratios = []
+    for pcall, dcall in ((lambda p: linear_fwd(x, p, out=y), lambda d: np.matmul(x, d.T, out=y)),
+                         (lambda p: linear_bwd(dy, p, out=dx), lambda d: np.matmul(dy, d, out=dx))):
+        tp, td = paired_times(sweep(packed, pcall), sweep(dense, dcall), budget_s=1.0)
+        ratios.append(round(tp / len(packed) / (td / len(dense)), 3))
+    return tuple(ratios)
 
 
 def bench_shape(name, N, K, ms, formats, dev, rng):
@@ -122,11 +128,11 @@ def bench_shape(name, N, K, ms, formats, dev, rng):
         dy = rng.standard_normal((M, N), dtype=np.float32)
         y = np.empty((M, N), np.float32)
         dx = np.empty((M, K), np.float32)
-        dense_f = median_time(lambda: np.matmul(x, Wd.T, out=y))
-        dense_b = median_time(lambda: np.matmul(dy, Wd, out=dx))
         for f, w in weights.items():
-            fwd = median_time(lambda: linear_fwd(x, w, device=dev, out=y))
-            bwd = median_time(lambda: linear_bwd(dy, w, device=dev, out=dx))
+            fwd, dense_f = paired_times(lambda: linear_fwd(x, w, device=dev, out=y),
+                                        lambda: np.matmul(x, Wd.T, out=y))
+            bwd, dense_b = paired_times(lambda: linear_bwd(dy, w, device=dev, out=dx),
+                                        lambda: np.matmul(dy, Wd, out=dx))
             cold = cold_ratios(x, dy, Wd, w) if M <= 8 else (None, None)
             rows.append({
                 "shape": name, "N": N, "K": K, "M": M, "format": f,
