@@ -112,4 +112,6 @@ def fused_bwd(dy, pk, K, tasks, dx):
     part = np.zeros((chunks, M, K), np.float32)
     for c in prange(chunks):
         _bwd_block(dy, pk, c * N // chunks, (c + 1) * N // chunks, 0, K, part[c])
-    dx[:] = part.sum(axis=0)
+    dx[:] = part[0]
+    for c in range(1, chunks):
+        dx += part[c]

@@ -64,4 +64,7 @@ def gemv_bwd(dy, pk, dx, tasks):
     part = np.zeros((chunks, M * K), np.float32)
     for c in prange(chunks):
         _axpy_rows(dy, pk, K, c * N // chunks, (c + 1) * N // chunks, part[c])
-    dx[:] = part.sum(axis=0).reshape(M, K)
+    flat = dx.reshape(-1)
+    flat[:] = part[0]
+    for c in range(1, chunks):
+        flat += part[c]
