@@ -3,7 +3,7 @@
 Phase 1 times both variants, taking turns (tracemalloc off, it slows small allocations), and
 reads the memory tracker; phase 2 repeats a short run under tracemalloc as the independent memory
 measure.
-Usage: python bench/forward.py [--prefill 512] [--decode 128] [--reps 3] [--profile N] [--threads N]
+Usage: python bench/forward.py [--prefill 512] [--decode 128] [--reps 5] [--profile N] [--threads N]
 """
 import argparse
 import cProfile
@@ -129,7 +129,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", type=int, default=0, help="cProfile N decode steps per variant")
     ap.add_argument("--threads", type=int, default=None,
                     help="BLAS and Numba threads (default: the libraries' own choice)")
