@@ -25,13 +25,13 @@ def test_lookup_variants_decode_dot_axpy(variant, fmt, dq):
                  block_size=64, double_quant=dq)
     pk = pack_args(w)
     kind = simd.TAB4DQ if dq else simd.TAB4
-    dec, dot, axpy = (simd.make_run(op, kind, variant) for op in (simd.DECODE, simd.DOT, simd.AXPY))
+    dec, dot, axpy = (simd.make_dispatch(op, variant) for op in (simd.DECODE, simd.DOT, simd.AXPY))
 
     @njit
     def run(pk, out, x, y):  # row 1: bytes from 96, chunks from 6, block shift log2(64/32)
-        dec(pk, 96, 6, 6, 1, np.float32(1.0), out, 0)
-        axpy(pk, 96, 6, 6, 1, np.float32(0.5), y, 0)
-        return dot(pk, 96, 6, 6, 1, np.float32(1.0), x, 0)
+        dec(kind, pk, 96, 6, 6, 1, np.float32(1.0), out, 0)
+        axpy(kind, pk, 96, 6, 6, 1, np.float32(0.5), y, 0)
+        return dot(kind, pk, 96, 6, 6, 1, np.float32(1.0), x, 0)
 
     want = w.dequantize()[1].astype(np.float64)
     x = np.random.default_rng(1).standard_normal(192).astype(np.float32)

@@ -1,6 +1,4 @@
 """Numba decoders: one span of a packed weight's row -> float32, for every format."""
-import math
-
 import numpy as np
 from numba import njit, prange
 
@@ -12,25 +10,10 @@ BNB4, INT8, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 4
 
 # pk = (family, block_size, double_quant, K, u8, i8, f32, absmax_q, absmax_code, absmax_scale,
 #       absmax_offset, pair, tab, shift)
-#   u8: nf4/fp4 codes or ggml block bytes; i8: int8 codes or the ggml bytes viewed as int8;
-#   f32: absmax (blockwise formats); pair: (256, 2) float32 values of a byte's two nibbles: nf4/fp4
-#   codebook values (high, low); q4_0/q4_1 integer values (low, high), q4_0 minus 8; tab: the
-#   16 nf4/fp4 codebook values (zeros for the other formats); shift: log2(block_size / 32).
-
-
-@njit(inline="always", fastmath=True, cache=True)
-def half_to_float(lo, hi):
-    """IEEE fp16 from its two little-endian bytes (subnormals and zero included)."""
-    h = np.int32(lo) | (np.int32(hi) << 8)
-    e = (h >> 10) & 31
-    m = h & 1023
-    if e == 0:
-        v = m * 5.960464477539063e-08  # 2**-24
-    elif e == 31:
-        v = math.inf
-    else:
-        v = float((m + 1024) << e) * 2.9802322387695312e-08  # (1024 + m) * 2**(e - 25)
-    return np.float32(-v if h & 0x8000 else v)
+#   u8: nf4/fp4 codes or ggml block bytes; i8: int8 codes; f32: absmax (blockwise formats);
+#   pair: (256, 2) float32 nf4/fp4 codebook values of a byte's (high, low) nibbles, for the scalar
+#   decoder; tab: the 16 nf4/fp4 codebook values, for the SIMD one (zeros for the other formats);
+#   shift: log2(block_size / 32).
 
 
 @njit(inline="always", cache=True)
@@ -85,58 +68,16 @@ def _blockwise_span(fam, bs, dq, u8, i8, f32, aq, acode, ascale, aoff, pair, sta
         b += 1
 
 
-@njit(fastmath=True, cache=True)
-def _q8_0_span(u8, i8, row, kb0, kb1, out, o):
-    """Blocks [kb0, kb1) of a q8_0 row starting at byte `row` into out[o:]."""
-    for kb in range(kb0, kb1):
-        p = row + kb * 34
-        q = o + (kb - kb0) * 32
-        d = half_to_float(u8[_u(p)], u8[_u(p + 1)])
-        for j in range(32):
-            out[_u(q + j)] = i8[_u(p + 2 + j)] * d
-
-
-@njit(fastmath=True, cache=True)
-def _q4_span(u8, pair, with_min, row, kb0, kb1, out, o):
-    """Blocks [kb0, kb1) of a q4_0 (with_min False) or q4_1 row into out[o:]. pair[c] holds byte
-    c's (low, high) nibble values, q4_0's -8 folded in: a table load per value is faster than
-    unpacking nibbles in scalar code."""
-    bpb = 20 if with_min else 18
-    for kb in range(kb0, kb1):
-        p = row + kb * bpb
-        q = o + (kb - kb0) * 32
-        d = half_to_float(u8[_u(p)], u8[_u(p + 1)])
-        m = half_to_float(u8[_u(p + 2)], u8[_u(p + 3)]) if with_min else np.float32(0.0)
-        p += bpb - 16
-        for j in range(16):
-            c = u8[_u(p + j)]
-            out[_u(q + j)] = pair[c, 0] * d + m
-            out[_u(q + j + 16)] = pair[c, 1] * d + m
-
-
-@njit(fastmath=True, cache=True)
-def _ggml_span(fam, K, u8, i8, pair, n, k0, k1, out, o):
-    """Row n, columns [k0, k1) (multiples of 32) of a q4_0/q4_1/q8_0 weight into out[o:]."""
-    nb = K // 32
-    if fam == Q8_0:
-        _q8_0_span(u8, i8, n * nb * 34, k0 // 32, k1 // 32, out, o)
-    else:
-        with_min = fam == Q4_1
-        _q4_span(u8, pair, with_min, n * nb * (20 if with_min else 18), k0 // 32, k1 // 32,
-                 out, o)
-
-
 @njit(inline="always", fastmath=True, cache=True)
 def decode_span(pk, n, k0, k1, out, o):
-    """W[n, k0:k1] into out[o:o + k1 - k0]; for ggml formats k0 and k1 are multiples of 32."""
-    fam = pk[0]
+    """W[n, k0:k1] into out[o:o + k1 - k0] with the SIMD walker; spans it cannot take (K, k0 or
+    k1 not a multiple of 32: blockwise formats only, ggml rows are whole 32-blocks and callers
+    keep their spans aligned) go through the scalar blockwise decoder."""
     if simd_span(pk[3], k0, k1):
         row_run(DECODE, pk, n, k0, k1, np.float32(1.0), out, o)
-    elif fam <= INT8:
-        _blockwise_span(fam, pk[1], pk[2], pk[4], pk[5], pk[6], pk[7], pk[8], pk[9], pk[10],
-                        pk[11], n * pk[3] + k0, k1 - k0, out, o)
     else:
-        _ggml_span(fam, pk[3], pk[4], pk[5], pk[11], n, k0, k1, out, o)
+        _blockwise_span(pk[0], pk[1], pk[2], pk[4], pk[5], pk[6], pk[7], pk[8], pk[9], pk[10],
+                        pk[11], n * pk[3] + k0, k1 - k0, out, o)
 
 
 @njit(parallel=True, fastmath=True, cache=True)

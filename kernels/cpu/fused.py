@@ -112,6 +112,12 @@ def fused_bwd(dy, pk, K, tasks, dx):
     part = np.zeros((chunks, M, K), np.float32)
     for c in prange(chunks):
         _bwd_block(dy, pk, c * N // chunks, (c + 1) * N // chunks, 0, K, part[c])
-    dx[:] = part[0]
-    for c in range(1, chunks):
-        dx += part[c]
+    sum_parts(part, dx)
+
+
+@njit(inline="always", fastmath=True, cache=True)
+def sum_parts(part, out):
+    """out (M, K) = the sum of the per-thread accumulators part (chunks, M, K), in place."""
+    out[:] = part[0]
+    for c in range(1, part.shape[0]):
+        out += part[c]

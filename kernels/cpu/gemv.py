@@ -7,6 +7,7 @@ parallel, measured on 2 cores)."""
 import numpy as np
 from numba import njit, prange
 
+from .fused import sum_parts
 from .simd import AXPY, DOT
 from .simd_rows import row_run
 
@@ -61,10 +62,7 @@ def gemv_bwd(dy, pk, dx, tasks):
     M, N = dy.shape
     K = dx.shape[1]
     chunks = max(1, min(N, tasks))
-    part = np.zeros((chunks, M * K), np.float32)
+    part = np.zeros((chunks, M, K), np.float32)
     for c in prange(chunks):
-        _axpy_rows(dy, pk, K, c * N // chunks, (c + 1) * N // chunks, part[c])
-    flat = dx.reshape(-1)
-    flat[:] = part[0]
-    for c in range(1, chunks):
-        flat += part[c]
+        _axpy_rows(dy, pk, K, c * N // chunks, (c + 1) * N // chunks, part[c].reshape(-1))
+    sum_parts(part, dx)

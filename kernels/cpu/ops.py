@@ -20,22 +20,19 @@ _I8 = np.zeros(1, np.int8)
 _F32 = np.zeros(1, np.float32)
 _PAIR0 = np.zeros((256, 2), np.float32)
 _TAB0 = np.zeros(16, np.float32)
-_PAIRS = {}
+_TABLES = {}
 
 
-def _pair_table(fmt):
-    """(256, 2) float32: the values of a byte's two nibbles (see decode.py for the order)."""
-    if fmt not in _PAIRS:
+def _codebook_tables(fmt):
+    """(pair, tab) of an nf4/fp4 format, built once: pair (256, 2) float32 holds a byte's
+    (high, low) nibble values, tab (16,) the codebook itself."""
+    if fmt not in _TABLES:
         from ...quant import FP4_CODE, NF4_CODE
+        code = np.asarray(NF4_CODE if fmt == "nf4" else FP4_CODE, dtype=np.float32)
         byte = np.arange(256)
-        if fmt in ("q4_0", "q4_1"):
-            off = 8 if fmt == "q4_0" else 0
-            pairs = np.stack([(byte & 15) - off, (byte >> 4) - off], axis=1)
-        else:
-            code = np.asarray(NF4_CODE if fmt == "nf4" else FP4_CODE, dtype=np.float32)
-            pairs = np.stack([code[byte >> 4], code[byte & 15]], axis=1)
-        _PAIRS[fmt] = np.ascontiguousarray(pairs, dtype=np.float32)
-    return _PAIRS[fmt]
+        pair = np.ascontiguousarray(np.stack([code[byte >> 4], code[byte & 15]], axis=1))
+        _TABLES[fmt] = (pair, np.ascontiguousarray(code))
+    return _TABLES[fmt]
 
 
 def _buf(w, name, dtype):
@@ -58,26 +55,23 @@ def pack_args(w):
                          "the kernels need 2-D (N, K)")
     K = int(w.shape[1])
     dq = bool(getattr(w, "double_quant", False)) and fam == BNB4
-    u8, i8, f32, pair = _U8, _I8, _F32, _PAIR0
+    u8, i8, f32, pair, tab = _U8, _I8, _F32, _PAIR0, _TAB0
     aq, acode, ascale, aoff = _U8, _F32, _F32, _F32
     if fam == BNB4:
-        u8, pair = _buf(w, "codes", np.uint8), _pair_table(w.format)
+        u8 = _buf(w, "codes", np.uint8)
+        pair, tab = _codebook_tables(w.format)
     elif fam == INT8:
         i8 = _buf(w, "codes", np.int8)
     else:
         if K % 32:
             raise QuantError(f"{w.format} weight of shape {w.shape}: K must be a multiple of 32")
         u8 = _buf(w, "blocks", np.uint8)
-        i8 = u8.view(np.int8)
-        if fam != Q8_0:
-            pair = _pair_table(w.format)
     if dq:
         aq, acode = _buf(w, "absmax_q", np.uint8), _buf(w, "absmax_code", np.float32)
         ascale, aoff = _buf(w, "absmax_scale", np.float32), _buf(w, "absmax_offset", np.float32)
     elif fam <= INT8:
         f32 = _buf(w, "absmax", np.float32)
     bs = int(w.block_size) if fam <= INT8 else 32
-    tab = np.ascontiguousarray(pair[:16, 1]) if fam == BNB4 else _TAB0
     shift = max(bs // 32, 1).bit_length() - 1  # chunks of 32 per block, as a shift
     return (fam, bs, dq, K, u8, i8, f32, aq, acode, ascale, aoff, pair, tab, shift)
 

@@ -215,47 +215,32 @@ def _body(context, b, op, kind, variant, pkty, pk, cb, nch, g0, sh, a, vdata, vo
     return ir.Constant(_F32, 0.0)
 
 
-def _emit(variant, op, kind=None):
-    """Codegen of run([kind,] pk, cb, nch, g0, sh, a, v, vo) for `op`: one loop for a fixed
-    kind, else a branch to the loop of the runtime kind."""
+def _emit(variant, op):
+    """Codegen of run(kind, pk, cb, nch, g0, sh, a, v, vo) for `op`: a branch to the loop of the
+    runtime chunk kind."""
 
     def codegen(context, b, sig, args):
-        types_ = sig.args if kind is not None else sig.args[1:]
-        pk, cb, nch, g0, sh, a, v, vo = args if kind is not None else args[1:]
-        cb, nch, g0, sh, vo = (context.cast(b, x, types_[i], types.int64)
-                               for i, x in ((1, cb), (2, nch), (3, g0), (4, sh), (7, vo)))
-        a = context.cast(b, a, types_[5], types.float32)
-        vdata = context.make_array(types_[6])(context, b, value=v).data
-        rest = (types_[0], pk, cb, nch, g0, sh, a, vdata, vo)
-        if kind is not None:
-            return _body(context, b, op, kind, variant, *rest)
-        k_rt = context.cast(b, args[0], sig.args[0], types.int64)
+        kty, pkty, cbt, ncht, g0t, sht, at, vt, vot = sig.args
+        kind, pk, cb, nch, g0, sh, a, v, vo = args
+        kind, cb, nch, g0, sh, vo = (context.cast(b, x, t, types.int64) for x, t in (
+            (kind, kty), (cb, cbt), (nch, ncht), (g0, g0t), (sh, sht), (vo, vot)))
+        a = context.cast(b, a, at, types.float32)
+        vdata = context.make_array(vt)(context, b, value=v).data
         res = cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0))
         for k in KINDS:
-            with b.if_then(b.icmp_signed("==", k_rt, ir.Constant(_I64, k))):
-                b.store(_body(context, b, op, k, variant, *rest), res)
+            with b.if_then(b.icmp_signed("==", kind, ir.Constant(_I64, k))):
+                b.store(_body(context, b, op, k, variant, pkty, pk, cb, nch, g0, sh, a, vdata,
+                              vo), res)
         return b.load(res)
 
     return codegen
 
 
-def make_run(op, kind, variant=None):
-    """A Numba intrinsic run(pk, cb, nch, g0, sh, a, v, vo) -> float32: `op` over `nch` chunks
-    of kind `kind` whose codes start at byte cb of the weight `pk` (decode.py's tuple). Chunk c of
-    a blockwise weight uses absmax block (g0 + c) >> sh. `variant` picks the TAB4 lookup
-    (default: the host's best)."""
-    variant = variant or lookup_variant()
-
-    @intrinsic
-    def run(typingctx, pk, cb, nch, g0, sh, a, v, vo):
-        return types.float32(pk, cb, nch, g0, sh, a, v, vo), _emit(variant, op, kind)
-
-    return run
-
-
 def make_dispatch(op, variant=None):
-    """make_run's operation with the chunk kind as a leading runtime argument:
-    run(kind, pk, cb, nch, g0, sh, a, v, vo) -> float32."""
+    """A Numba intrinsic run(kind, pk, cb, nch, g0, sh, a, v, vo) -> float32: `op` over `nch`
+    chunks of kind `kind` whose codes start at byte cb of the weight `pk` (decode.py's tuple).
+    Chunk c of a blockwise weight uses absmax block (g0 + c) >> sh. `variant` picks the TAB4
+    lookup (default: the host's best)."""
     variant = variant or lookup_variant()
 
     @intrinsic
