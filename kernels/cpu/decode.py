@@ -5,6 +5,10 @@ from numba import njit, prange
 from .simd import DECODE
 from .simd_rows import row_run, simd_span
 
+# Runs of rows a parallel tile decode is cut into (a few per thread on any machine; reading
+# get_num_threads() inside a kernel would stop Numba from caching it).
+TILE_CHUNKS = 64
+
 # Format families, as ops.pack_args encodes them in pk[0].
 BNB4, INT8, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 4
 
@@ -49,8 +53,12 @@ def _bnb4_segment(codes, pair, s, lo, hi, out, o):
 
 
 @njit(fastmath=True, cache=True)
-def _blockwise_span(fam, bs, dq, u8, i8, f32, aq, acode, ascale, aoff, pair, start, count, out, o):
-    """Flat elements [start, start+count) of an nf4/fp4/int8 weight into out[o:]."""
+def _blockwise_span(pk, start, count, out, o):
+    """Flat elements [start, start+count) of an nf4/fp4/int8 weight into out[o:]. Takes the
+    whole tuple: unpacking its arrays at the call site, inside the callers' row loops, cost
+    ~40 ns per row even where this branch is not taken."""
+    fam, bs, dq, u8, i8, f32, aq, acode, ascale, aoff, pair = (
+        pk[0], pk[1], pk[2], pk[4], pk[5], pk[6], pk[7], pk[8], pk[9], pk[10], pk[11])
     end = start + count
     b = start // bs
     lo = start
@@ -69,28 +77,45 @@ def _blockwise_span(fam, bs, dq, u8, i8, f32, aq, acode, ascale, aoff, pair, sta
 
 
 @njit(inline="always", fastmath=True, cache=True)
-def decode_span(pk, n, k0, k1, out, o):
-    """W[n, k0:k1] into out[o:o + k1 - k0] with the SIMD walker; spans it cannot take (K, k0 or
-    k1 not a multiple of 32: blockwise formats only, ggml rows are whole 32-blocks and callers
-    keep their spans aligned) go through the scalar blockwise decoder."""
+def decode_rows(pk, n0, n1, k0, k1, out, o):
+    """W[n0:n1, k0:k1] into out[o:] (row-major, rows k1 - k0 apart) with the SIMD walker; spans
+    it cannot take (K, k0 or k1 not a multiple of 32: blockwise formats only, ggml rows are whole
+    32-blocks and callers keep their spans aligned) go through the scalar blockwise decoder.
+    Callers hand over runs of rows, not single rows: each inlined call copies the packed tuple
+    (reference counts of its arrays), ~40 ns, the time of decoding ~200 values."""
+    kc = k1 - k0
     if simd_span(pk[3], k0, k1):
-        row_run(DECODE, pk, n, k0, k1, np.float32(1.0), out, o)
+        for r in range(n1 - n0):
+            row_run(DECODE, pk, n0 + r, k0, k1, np.float32(1.0), out, o + r * kc)
     else:
-        _blockwise_span(pk[0], pk[1], pk[2], pk[4], pk[5], pk[6], pk[7], pk[8], pk[9], pk[10],
-                        pk[11], n * pk[3] + k0, k1 - k0, out, o)
+        for r in range(n1 - n0):
+            _blockwise_span(pk, (n0 + r) * pk[3] + k0, kc, out, o + r * kc)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def decode_tile_par(pk, n0, n1, k0, k1, tile):
-    """W[n0:n1, k0:k1] into the flat buffer tile (row-major), rows spread over threads."""
+    """W[n0:n1, k0:k1] into the flat buffer tile (row-major), runs of rows spread over threads."""
     kc = k1 - k0
-    for r in prange(n1 - n0):
-        decode_span(pk, n0 + r, k0, k1, tile, r * kc)
+    rows = n1 - n0
+    chunks = min(rows, TILE_CHUNKS)
+    for c in prange(chunks):
+        r0 = c * rows // chunks
+        decode_rows(pk, n0 + r0, n0 + (c + 1) * rows // chunks, k0, k1, tile, r0 * kc)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def decode_rows_par(pk, rows, tile):
     """W[rows[i], :] into row i of the flat buffer tile, rows spread over threads."""
     K = pk[3]
-    for i in prange(rows.shape[0]):
-        decode_span(pk, rows[i], 0, K, tile, i * K)
+    if simd_span(K, 0, K):
+        for i in prange(rows.shape[0]):
+            row_run(DECODE, pk, rows[i], 0, K, np.float32(1.0), tile, i * K)
+    else:
+        for i in prange(rows.shape[0]):
+            _blockwise_span(pk, rows[i] * K, K, tile, i * K)
+
+
+@njit(fastmath=True, cache=True)
+def decode_tile(pk, n0, n1, k0, k1, tile):
+    """decode_tile_par on the calling thread (small tiles: a parallel region costs more)."""
+    decode_rows(pk, n0, n1, k0, k1, tile, 0)

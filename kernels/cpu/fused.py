@@ -2,7 +2,7 @@
 import numpy as np
 from numba import njit, prange
 
-from .decode import _u, decode_span
+from .decode import _u, decode_rows
 
 RB = 4  # rows of W decoded together; each x row is loaded once per RB dot products
 
@@ -41,8 +41,7 @@ def _fwd_groups(x, pk, N, g0, g1, buf, y):
     for g in range(g0, g1):
         n0 = g * RB
         rows = min(RB, N - n0)
-        for r in range(rows):
-            decode_span(pk, n0 + r, 0, K, buf, r * K)
+        decode_rows(pk, n0, n0 + rows, 0, K, buf, 0)
         for m in range(x.shape[0]):
             _dot_rows(x, m, buf, K, rows, y, n0)
 
@@ -89,8 +88,7 @@ def _bwd_block(dy, pk, n0, n1, k0, k1, acc):
     buf = np.empty(RB * w, np.float32)
     for g in range(n0, n1, RB):
         rows = min(RB, n1 - g)
-        for r in range(rows):
-            decode_span(pk, g + r, k0, k1, buf, r * w)
+        decode_rows(pk, g, g + rows, k0, k1, buf, 0)
         for m in range(dy.shape[0]):
             _axpy_rows(dy, m, g, rows, buf, w, acc)
 
