@@ -279,6 +279,29 @@ def test_row_kernels_serial_and_parallel_branches(rows):
                                rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("block", [None, 64])
+def test_tiled_reduction_chunks(block, monkeypatch):
+    """Tiled products split along the reduction in multiples of BLAS's reduction block (or in
+    balanced chunks where it is unknown), with a ragged last chunk, forward and backward."""
+    from packlora.kernels.cpu import blas, ops, tiled
+    assert blas.REDUCTION_BLOCK is None or blas.REDUCTION_BLOCK in blas._GEMM_Q.values()
+    monkeypatch.setattr(tiled, "REDUCTION_BLOCK", block)
+    rng = np.random.default_rng(5)
+    w = quantize(rng.standard_normal((96, 416), dtype=np.float32), "q4_0")
+    x = rng.standard_normal((20, 416), dtype=np.float32)
+    dy = rng.standard_normal((20, 96), dtype=np.float32)
+    W = w.dequantize().astype(np.float64)
+    cap = 96 * 128
+    # forward: chunks of 128 (two blocks; the last one 32) or tiles of W's rows (the width split)
+    assert tiled.plan(96, 416, cap, 1, 32, block) == ((96, 128) if block else (24, 416))
+    assert tiled.plan(416, 96, cap, 32, 1, block) == ((160, 64) if block else (128, 96))
+    buf = np.empty(cap, np.float32)
+    y = ops.linear_fwd(x, w, np.empty((20, 96), np.float32), lambda n: buf[:n], cap)
+    np.testing.assert_allclose(y, x @ W.T, rtol=1e-4, atol=1e-3)
+    dx = ops.linear_bwd(dy, w, np.empty((20, 416), np.float32), lambda n: buf[:n], cap)
+    np.testing.assert_allclose(dx, dy @ W, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("through_blas", [True, False])
 def test_gemm_accumulates_on_strided_views(through_blas, monkeypatch):
     """blas.gemm: C = A @ B + beta C on column slices and transposed views, through CBLAS and

@@ -30,20 +30,42 @@ def _candidates():
 
 
 def _load():
+    """(sgemm, its library), or (None, None)."""
     for path, symbol, wide in _candidates():
         try:
-            fn = getattr(ctypes.CDLL(path), symbol)
+            lib = ctypes.CDLL(path)
+            fn = getattr(lib, symbol)
         except (OSError, AttributeError):
             continue
         it = ctypes.c_int64 if wide else ctypes.c_int
         ci, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
         fn.argtypes = [ci, ci, ci, it, it, it, f, p, it, p, it, f, p, it]
         fn.restype = None
-        return fn
+        return fn, lib
+    return None, None
+
+
+SGEMM, _LIB = _load()
+
+# OpenBLAS's sgemm reduction block (SGEMM_DEFAULT_Q in its param.h, x86-64) for the cores its
+# runtime dispatch picks: a product split along its reduction runs fastest in chunks that are a
+# multiple of it (a 512-long chunk with a 448 block runs as two passes of 256 over the output).
+_GEMM_Q = {"skylakex": 448, "cooperlake": 320, "sapphirerapids": 320, "haswell": 320,
+           "zen": 320}
+
+
+def _reduction_block():
+    """The reduction block of numpy's OpenBLAS on this machine, or None when unknown."""
+    for symbol in ("scipy_openblas_get_corename64_", "openblas_get_corename64_",
+                   "openblas_get_corename"):
+        fn = getattr(_LIB, symbol, None) if _LIB is not None else None
+        if fn is not None:
+            fn.restype = ctypes.c_char_p
+            return _GEMM_Q.get((fn() or b"").decode().lower())
     return None
 
 
-SGEMM = _load()
+REDUCTION_BLOCK = _reduction_block()
 
 
 def _operand(a):
