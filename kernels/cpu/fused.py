@@ -81,15 +81,41 @@ def _axpy_rows(dy, m, n0, rows, buf, kc, acc):
                 acc[m, _u(k)] += d * buf[_u(r * kc + k)]
 
 
+@njit(fastmath=True, cache=True)
+def _axpy_4x4(dy, m0, n0, buf, kc, acc):
+    """acc[m0:m0+4] += dy[m0:m0+4, n0:n0+4] @ buf[:4]: each decoded value is loaded once for
+    four output rows (a 4x4 register block; one load and store of acc per four FMAs)."""
+    d00, d01, d02, d03 = dy[m0, n0], dy[m0, n0 + 1], dy[m0, n0 + 2], dy[m0, n0 + 3]
+    d10, d11, d12, d13 = dy[m0 + 1, n0], dy[m0 + 1, n0 + 1], dy[m0 + 1, n0 + 2], dy[m0 + 1, n0 + 3]
+    d20, d21, d22, d23 = dy[m0 + 2, n0], dy[m0 + 2, n0 + 1], dy[m0 + 2, n0 + 2], dy[m0 + 2, n0 + 3]
+    d30, d31, d32, d33 = dy[m0 + 3, n0], dy[m0 + 3, n0 + 1], dy[m0 + 3, n0 + 2], dy[m0 + 3, n0 + 3]
+    a0, a1, a2, a3 = acc[m0], acc[m0 + 1], acc[m0 + 2], acc[m0 + 3]
+    for k in range(kc):
+        b0 = buf[_u(k)]
+        b1 = buf[_u(kc + k)]
+        b2 = buf[_u(2 * kc + k)]
+        b3 = buf[_u(3 * kc + k)]
+        a0[_u(k)] += d00 * b0 + d01 * b1 + d02 * b2 + d03 * b3
+        a1[_u(k)] += d10 * b0 + d11 * b1 + d12 * b2 + d13 * b3
+        a2[_u(k)] += d20 * b0 + d21 * b1 + d22 * b2 + d23 * b3
+        a3[_u(k)] += d30 * b0 + d31 * b1 + d32 * b2 + d33 * b3
+
+
 @njit(inline="always", fastmath=True, cache=True)
 def _bwd_block(dy, pk, n0, n1, k0, k1, acc):
     """acc (M, k1 - k0) += dy[:, n0:n1] @ W[n0:n1, k0:k1], RB rows of W decoded at a time."""
     w = k1 - k0
+    M = dy.shape[0]
     buf = np.empty(RB * w, np.float32)
     for g in range(n0, n1, RB):
         rows = min(RB, n1 - g)
         decode_rows(pk, g, g + rows, k0, k1, buf, 0)
-        for m in range(dy.shape[0]):
+        m = 0
+        if rows == RB:
+            for m in range(0, M - 3, 4):
+                _axpy_4x4(dy, m, g, buf, w, acc)
+            m = M // 4 * 4
+        for m in range(m, M):
             _axpy_rows(dy, m, g, rows, buf, w, acc)
 
 
