@@ -62,7 +62,7 @@ def random_packed(fmt, N, K, rng):
     return PackedWeight(fmt, (N, K), bufs, 64, dq)
 
 
-def paired_times(packed, dense, budget_s=0.6, min_reps=3, max_reps=9):
+def paired_times(packed, dense, budget_s=0.6, min_reps=5, max_reps=9):
     """(packed, dense) best times, the two taking turns: on a shared machine a slow moment then
     hits both sides instead of one, and the best of several runs is the least disturbed."""
     packed(), dense()  # warm-up (compilation, page faults of the output)

@@ -6,7 +6,7 @@ from .memory_activations import F32, BlockModel
 from .memory_inputs import plan_inputs
 
 # mirrors kernels/cpu/ops.py (batches up to these many rows use the fused, scratch-free kernels)
-FUSED_MAX_M, FUSED_MAX_M_BWD = 8, 16
+FUSED_MAX_M, FUSED_MAX_M_BWD = 8, 8
 
 
 # ----------------------------------------------------------------------------- dense scratch

@@ -30,7 +30,7 @@ CASES = [
     ("int8", False, 128, [(4, 192)]),
 ]
 PARAMS = [(f, dq, bs, s) for f, dq, bs, shapes in CASES for s in shapes]
-MS = (1, 7, 12, 64, 300)  # fused fwd+bwd, tiled fwd + fused bwd, tiled
+MS = (1, 7, 12, 64, 300)  # fused (gemv at M = 1), then tiled from M = 12
 
 
 def _weight(fmt, dq, bs, shape, seed=0):

@@ -9,10 +9,11 @@ from . import gemv
 from .tiled import tiled_bwd, tiled_fwd
 
 # Batches up to this many rows use the fused kernels; larger ones decode tiles for BLAS.
-# Measured (bench/kernels.py, 1 thread, 576x576 and 4096x4096): forward crosses over at M≈8,
-# backward at M≈8 (small K) to ≥32 (large K).
+# Measured on 2 cores (q4_0, backward, fused / tiled ms): 576x576 M = 16 0.14 / 0.20, but
+# 1536x576 M = 16 0.73 / 0.39 (the multi-threaded fused backward pays per-thread accumulators),
+# 4096x4096 M = 8 4.6 / 7.2, M = 16 9.0 / 9.4; the forward crosses over at M ≈ 8.
 FUSED_MAX_M = 8
-FUSED_MAX_M_BWD = 16
+FUSED_MAX_M_BWD = 8
 
 _FAMILY = {"nf4": BNB4, "fp4": BNB4, "int8": INT8, "q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0}
 _U8 = np.zeros(1, np.uint8)
