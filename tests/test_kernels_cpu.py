@@ -330,3 +330,15 @@ def test_gemm_accumulates_on_strided_views(through_blas, monkeypatch):
     dev.set_scratch_cap(1024)  # the scratch path goes a few rows at a time
     add_product(dst, a, b.T, dev)
     np.testing.assert_allclose(dst, want, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_args_follow_replaced_buffers():
+    """The kernels' argument tuple is kept on the weight, and rebuilt when a buffer is replaced
+    by another array (e.g. codes edited and assigned back)."""
+    rng = np.random.default_rng(8)
+    w = quantize(rng.standard_normal((40, 64), dtype=np.float32), "nf4")
+    x = rng.standard_normal((3, 64), dtype=np.float32)
+    assert cpu_ops.pack_args(w) is cpu_ops.pack_args(w)
+    np.testing.assert_allclose(linear_fwd(x, w), x @ w.dequantize().T, rtol=1e-5, atol=1e-5)
+    w.buffers["codes"] = w.buffers["codes"][::-1].copy()
+    np.testing.assert_allclose(linear_fwd(x, w), x @ w.dequantize().T, rtol=1e-5, atol=1e-5)
