@@ -20,7 +20,7 @@ def scratch_need(storage, m, cap, backward):
         return 0
     n, k = storage.shape
     align = 32 if k % 32 == 0 else 1
-    pc, rc = tile_plan(k, n, cap, align, 1) if backward else tile_plan(n, k, cap, 1, align)
+    pc, rc = tile_plan(k, n, cap, align, 1) if backward else tile_plan(n, k, cap, 1, align, m=m)
     return F32 * pc * rc
 
 

@@ -106,25 +106,33 @@ def test_activations_by_hand(b, t):
 
 
 def test_scratch_tiles_follow_kernels():
-    """The plan uses the kernels' own tile choice; tiles stay within the cap, keep the output's
-    whole width when a reduction chunk of RC_MIN (or of BLAS's reduction block) fits, run whole
-    BLAS blocks per chunk where the block is known, and respect the alignments."""
+    """The plan uses the kernels' own tile choice; tiles stay within the cap, take whole rows of
+    W in the forward while `a` is cache-sized, else keep the output's whole width when a
+    reduction chunk of RC_MIN (or of BLAS's reduction block) fits, run whole BLAS blocks per
+    chunk where the block is known, and respect the alignments."""
     from packlora.kernels.cpu import ops, tiled
     assert (FUSED_MAX_M, FUSED_MAX_M_BWD) == (ops.FUSED_MAX_M, ops.FUSED_MAX_M_BWD)
     assert tile_plan is tiled.plan
     cap = 1 << 20
-    for block in (None, 448, 320):
+    for block, m in [(None, None), (448, None), (320, None), (448, 64), (448, 4096)]:
         for P, R, ap, ar in [(1536, 576, 1, 32), (576, 1536, 32, 1), (49152, 576, 1, 32),
                              (4096, 4096, 1, 32), (11008, 4096, 1, 32), (4096, 11008, 32, 1)]:
-            pc, rc = tile_plan(P, R, cap, ap, ar, block)
+            fwd_m = m if ap == 1 else None  # whole rows of W are the forward's option
+            pc, rc = tile_plan(P, R, cap, ap, ar, block, fwd_m)
             assert pc * rc <= cap and pc % ap == 0 and (rc % ar == 0 or rc == R)
-            if cap // P >= (block or tiled.RC_MIN):
+            whole_rows = (fwd_m is not None and 4 * fwd_m * R <= tiled.WHOLE_ROWS_A_MAX
+                          and cap // R >= tiled.WHOLE_ROWS_MIN)
+            if whole_rows and P * R > cap:
+                assert rc == R and pc < P
+            elif cap // P >= (block or tiled.RC_MIN):
                 assert pc == P
             if block and rc < R:
                 assert rc % block == 0
         assert tile_plan(64, 96, 100, 1, 32, block) == (1, 96)  # a tiny cap still splits the width
     assert tile_plan(4096, 4096, 2 << 20, 1, 32, 448) == (4096, 448)
     assert tile_plan(4096, 4096, 2 << 20, 1, 32, None) == (4096, 512)
+    assert tile_plan(4096, 4096, 2 << 20, 1, 32, 448, m=512) == (512, 4096)
+    assert tile_plan(4096, 4096, 2 << 20, 1, 32, 448, m=2048) == (4096, 448)
 
 
 def test_llama2_7b_qlora_plan(tmp_path):

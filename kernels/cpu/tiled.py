@@ -1,9 +1,11 @@
 """Large-batch path: decode tiles of W into a bounded scratch and multiply them with BLAS.
 
-Each product out (M, P) = a (M, R) @ B (R, P) keeps the output's whole width per tile where the
-cap allows and splits the reduction instead, accumulating into `out` in place (blas.gemm with
-beta = 1): then every block of `a` goes through BLAS once, instead of being re-packed for every
-narrow tile of output columns.
+Two tilings, both writing each output element in place (blas.gemm, beta = 1 after the first):
+- whole rows of W with the full reduction (the forward, while `a` is cache-sized): one BLAS
+  call per tile, decoded from contiguous bytes; `a` is re-packed by BLAS per tile;
+- the output's whole width with the reduction split in chunks that are multiples of BLAS's own
+  reduction block: every block of `a` goes through BLAS once, the output is swept once per
+  chunk (the backward always: its chunks are whole rows of W).
 """
 from numba import get_num_threads
 
@@ -11,10 +13,18 @@ from .blas import REDUCTION_BLOCK, gemm
 from .decode import decode_tile, decode_tile_par
 
 RC_MIN = 512  # reduction rows per BLAS call below which splitting the width pays instead
-# Decoding runs at ~10^10 values/s per core and a Numba parallel region costs ~0.1 ms (2-core
-# machines measured): a tile decodes on the calling thread unless the threads beyond the first
-# would save more than that, i.e. below DECODE_SERIAL_MAX · T / (T - 1) values with T threads.
-DECODE_SERIAL_MAX = 1 << 20
+# Whole-row tiles: at least this many rows of W per tile (fewer run BLAS too narrow: 190 rows
+# of 11008 were 1.24x dense where split chunks were 1.12x), while `a` takes at most this many
+# bytes (4096x4096 forward, q4_0, ÷ dense: M = 256 1.10 vs 1.23 split, M = 512 1.06-1.08 vs
+# 1.09-1.15, M = 1024 even, M = 2048 1.08-1.10 vs 1.03-1.04; 2 cores, 32 MiB L3).
+WHOLE_ROWS_MIN = 512
+WHOLE_ROWS_A_MAX = 8 << 20
+OUT_ALIGN = 64
+# A tile decodes on the calling thread below DECODE_SERIAL_MAX · T / (T - 1) values with T
+# threads: the time the threads beyond the first would save must beat a Numba parallel region
+# (~0.1 ms) and the threads' contention for memory bandwidth. On 2 cores, between BLAS calls,
+# every tile of the default 8 MiB cap decoded faster serially (4096x448: 0.33 vs 0.52 ms).
+DECODE_SERIAL_MAX = 5 << 18
 
 
 def _decoder(elems):
@@ -44,25 +54,37 @@ def _reduction_chunk(R, limit, align, block):
     return _balanced(R, limit, align)
 
 
-def plan(P, R, cap_elems, align_p, align_r, block=REDUCTION_BLOCK):
+def plan(P, R, cap_elems, align_p, align_r, block=REDUCTION_BLOCK, m=None):
     """Tile sizes (pc, rc) for out (M, P) = a (M, R) @ B (R, P), B decoded in (rc, pc) tiles of
-    at most cap_elems (alignments permitting); block is BLAS's reduction block (None: unknown)."""
+    at most cap_elems (alignments permitting); block is BLAS's reduction block (None: unknown);
+    m is M where out's columns are W's rows (the forward), None where they are not."""
     if P * R <= cap_elems:
         return P, R
+    if m is not None and 4 * m * R <= WHOLE_ROWS_A_MAX and cap_elems // R >= WHOLE_ROWS_MIN:
+        return _width(P, cap_elems // R, align_p), R
     rc_min = min(R, -(-block // align_r) * align_r if block else RC_MIN)
     rc_full = cap_elems // P // align_r * align_r
     if rc_full >= rc_min:
         return P, _reduction_chunk(R, rc_full, align_r, block)
     rc = min(R, max(align_r, min(rc_min, cap_elems // align_p) // align_r * align_r))
     rc = _reduction_chunk(R, rc, align_r, block)
-    return _balanced(P, min(P, _round_down(cap_elems // rc, align_p)), align_p), rc
+    return _width(P, cap_elems // rc, align_p), rc
+
+
+def _width(P, limit, align):
+    """Columns of out per tile: ≤ limit, equal-ish, starting on 64-value (cache line and SIMD)
+    boundaries where the limit allows (501-wide tiles of y ran ~8% slower than 512-wide)."""
+    if limit >= OUT_ALIGN and OUT_ALIGN % align == 0:
+        align = OUT_ALIGN
+    return _balanced(P, min(P, _round_down(limit, align)), align)
 
 
 def _product(a, pk, out, scratch, cap_elems, align_p, align_r, transposed):
     """out = a @ B, B = W.T (transposed: out has W's rows as columns) or W, tile by tile."""
     R = a.shape[1]
     P = out.shape[1]
-    pc, rc = plan(P, R, cap_elems, align_p, align_r, REDUCTION_BLOCK)
+    pc, rc = plan(P, R, cap_elems, align_p, align_r, REDUCTION_BLOCK,
+                  a.shape[0] if transposed else None)
     tile = scratch(pc * rc)
     decode = _decoder(pc * rc)
     for p0 in range(0, P, pc):
