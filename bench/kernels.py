@@ -1,8 +1,9 @@
 """Packed-weight matmul time ÷ dense float32 BLAS time, and extra memory, as one JSON document.
 
-Packed and dense calls take turns and each side's best time counts (the machines are shared).
+Packed and dense calls take turns and each side's best time counts (the machines are shared);
+with --rounds N the whole sweep runs N times and the best over all of them counts.
 
-Usage: python bench/kernels.py [--quick] [--formats nf4,q4_0] [--ms 1,8,512]
+Usage: python bench/kernels.py [--quick] [--formats nf4,q4_0] [--ms 1,8,512] [--rounds 2]
 """
 import argparse
 import json
@@ -93,10 +94,11 @@ def _copies(w, n):
                          w.block_size, w.double_quant) for _ in range(n)]
 
 
-def cold_ratios(x, dy, Wd, w):
-    """(fwd, bwd) packed ÷ dense with the weights streamed from memory, as in a model's decode
-    step: each side cycles through enough copies of its weight to fill COLD_BYTES, so no copy is
-    still cached when it is used again. None when one weight alone already fills it."""
+def cold_times(x, dy, Wd, w):
+    """((packed, dense) fwd, (packed, dense) bwd) seconds per weight with the weights streamed
+    from memory, as in a model's decode step: each side cycles through enough copies of its
+    weight to fill COLD_BYTES, so no copy is still cached when it is used again. (None, None)
+    when one weight alone already fills it."""
     dense_n = -(-COLD_BYTES // Wd.nbytes)
     if dense_n == 1:
         return None, None
@@ -111,15 +113,16 @@ def cold_ratios(x, dy, Wd, w):
                 call(item)
         return run
 
-    ratios = []
+    out = []
     for pcall, dcall in ((lambda p: linear_fwd(x, p, out=y), lambda d: np.matmul(x, d.T, out=y)),
                          (lambda p: linear_bwd(dy, p, out=dx), lambda d: np.matmul(dy, d, out=dx))):
         tp, td = paired_times(sweep(packed, pcall), sweep(dense, dcall), budget_s=1.0)
-        ratios.append(round(tp / len(packed) / (td / len(dense)), 3))
-    return tuple(ratios)
+        out.append((tp / len(packed), td / len(dense)))
+    return tuple(out)
 
 
 def bench_shape(name, N, K, ms, formats, dev, rng):
+    """Rows of raw best times (seconds, packed then dense) and peak extra bytes."""
     Wd = rng.standard_normal((N, K), dtype=np.float32)
     weights = {f: random_packed(f, N, K, rng) for f in formats}
     rows = []
@@ -129,23 +132,49 @@ def bench_shape(name, N, K, ms, formats, dev, rng):
         y = np.empty((M, N), np.float32)
         dx = np.empty((M, K), np.float32)
         for f, w in weights.items():
-            fwd, dense_f = paired_times(lambda: linear_fwd(x, w, device=dev, out=y),
-                                        lambda: np.matmul(x, Wd.T, out=y))
-            bwd, dense_b = paired_times(lambda: linear_bwd(dy, w, device=dev, out=dx),
-                                        lambda: np.matmul(dy, Wd, out=dx))
-            cold = cold_ratios(x, dy, Wd, w) if M <= 8 else (None, None)
+            fwd = paired_times(lambda: linear_fwd(x, w, device=dev, out=y),
+                               lambda: np.matmul(x, Wd.T, out=y))
+            bwd = paired_times(lambda: linear_bwd(dy, w, device=dev, out=dx),
+                               lambda: np.matmul(dy, Wd, out=dx))
+            cold = cold_times(x, dy, Wd, w) if M <= 8 else (None, None)
             rows.append({
                 "shape": name, "N": N, "K": K, "M": M, "format": f,
-                "fwd_path": "fused" if M <= cpu_ops.FUSED_MAX_M else "tiled",
-                "bwd_path": "fused" if M <= cpu_ops.FUSED_MAX_M_BWD else "tiled",
-                "fwd_ratio": round(fwd / dense_f, 3), "bwd_ratio": round(bwd / dense_b, 3),
-                "fwd_ratio_cold": cold[0], "bwd_ratio_cold": cold[1],
-                "dense_fwd_ms": round(dense_f * 1e3, 3), "dense_bwd_ms": round(dense_b * 1e3, 3),
+                "times": {"fwd": fwd, "bwd": bwd, "fwd_cold": cold[0], "bwd_cold": cold[1]},
                 "fwd_peak_extra_bytes": peak_extra(lambda: linear_fwd(x, w, device=dev), M * N * 4),
                 "bwd_peak_extra_bytes": peak_extra(lambda: linear_bwd(dy, w, device=dev),
                                                    M * K * 4),
             })
     return rows
+
+
+def merge_rounds(rounds):
+    """One row per entry from several sweeps: each side's best time, the largest peak."""
+    rows = []
+    for entries in zip(*rounds):
+        row = dict(entries[0])
+        row["times"] = {k: None if v is None else tuple(min(e["times"][k][i] for e in entries)
+                                                        for i in (0, 1))
+                        for k, v in row["times"].items()}
+        for k in ("fwd_peak_extra_bytes", "bwd_peak_extra_bytes"):
+            row[k] = max(e[k] for e in entries)
+        rows.append(row)
+    return rows
+
+
+def finish(row):
+    """Ratios (packed ÷ dense) and the dense times in ms, from a row's raw times."""
+    t = row.pop("times")
+    ratio = {k: None if v is None else round(v[0] / v[1], 3) for k, v in t.items()}
+    return {
+        **{k: row[k] for k in ("shape", "N", "K", "M", "format")},
+        "fwd_path": "fused" if row["M"] <= cpu_ops.FUSED_MAX_M else "tiled",
+        "bwd_path": "fused" if row["M"] <= cpu_ops.FUSED_MAX_M_BWD else "tiled",
+        "fwd_ratio": ratio["fwd"], "bwd_ratio": ratio["bwd"],
+        "fwd_ratio_cold": ratio["fwd_cold"], "bwd_ratio_cold": ratio["bwd_cold"],
+        "dense_fwd_ms": round(t["fwd"][1] * 1e3, 3), "dense_bwd_ms": round(t["bwd"][1] * 1e3, 3),
+        "fwd_peak_extra_bytes": row["fwd_peak_extra_bytes"],
+        "bwd_peak_extra_bytes": row["bwd_peak_extra_bytes"],
+    }
 
 
 def targets(rows):
@@ -172,6 +201,9 @@ def main(argv=None):
     ap.add_argument("--formats", default=None,
                     help="comma-separated subset of " + ",".join(FORMATS))
     ap.add_argument("--ms", default=None, help="comma-separated batch sizes")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="sweeps over all entries; each side's best time over them counts (a "
+                         "slow stretch of a shared machine then has to hit every sweep)")
     args = ap.parse_args(argv)
     default = QUICK_FORMATS if args.quick else FORMATS
     formats = args.formats.split(",") if args.formats else default
@@ -179,16 +211,21 @@ def main(argv=None):
     names = QUICK_SHAPES if args.quick else tuple(SHAPES)
     dev = Device.cpu()
     rng = np.random.default_rng(0)
-    rows = []
-    for name in names:
-        N, K = SHAPES[name]
-        shape_ms = [m for m in ms if not (args.quick and m >= 2048 and name.startswith("llama"))]
-        rows += bench_shape(name, N, K, shape_ms, formats, dev, rng)
+    rounds = []
+    for _ in range(args.rounds):
+        sweep = []
+        for name in names:
+            N, K = SHAPES[name]
+            skip_big = args.quick and name.startswith("llama")
+            shape_ms = [m for m in ms if not (skip_big and m >= 2048)]
+            sweep += bench_shape(name, N, K, shape_ms, formats, dev, rng)
+        rounds.append(sweep)
+    rows = [finish(r) for r in merge_rounds(rounds)]
     doc = {
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "numba_threads": get_num_threads(),
                     "fused_max_m": [cpu_ops.FUSED_MAX_M, cpu_ops.FUSED_MAX_M_BWD],
-                    "scratch_cap_bytes": dev.scratch_cap},
+                    "scratch_cap_bytes": dev.scratch_cap, "rounds": args.rounds},
         "results": rows,
         "targets": targets(rows),
     }
