@@ -279,8 +279,9 @@ def test_row_kernels_serial_and_parallel_branches(rows):
                                rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("block,whole_rows_min", [(None, 512), (64, 512), (64, 16)])
-def test_tiled_products_cut_as_planned(block, whole_rows_min, monkeypatch):
+@pytest.mark.parametrize("block,whole_rows_min,row_block_min",
+                         [(None, 512, 2048), (64, 512, 2048), (64, 16, 2048), (64, 64, 64)])
+def test_tiled_products_cut_as_planned(block, whole_rows_min, row_block_min, monkeypatch):
     """Tiled products split along the reduction in multiples of BLAS's reduction block (or in
     balanced chunks where it is unknown), with a ragged last chunk; the forward takes whole rows
     of W where the plan says so. Forward and backward against the dequantized weight."""
@@ -288,15 +289,18 @@ def test_tiled_products_cut_as_planned(block, whole_rows_min, monkeypatch):
     assert blas.REDUCTION_BLOCK is None or blas.REDUCTION_BLOCK in blas._GEMM_Q.values()
     monkeypatch.setattr(tiled, "REDUCTION_BLOCK", block)
     monkeypatch.setattr(tiled, "WHOLE_ROWS_MIN", whole_rows_min)
+    monkeypatch.setattr(tiled, "ROW_BLOCK_MIN_R", row_block_min)
     rng = np.random.default_rng(5)
     w = quantize(rng.standard_normal((96, 416), dtype=np.float32), "q4_0")
     x = rng.standard_normal((20, 416), dtype=np.float32)
     dy = rng.standard_normal((20, 96), dtype=np.float32)
     W = w.dequantize().astype(np.float64)
     cap = 96 * 128
-    # forward: whole rows (29 fit, balanced to 24), chunks of 128 (two blocks; the last one
-    # 32), or rows with the whole reduction because no chunk of RC_MIN fits
-    want = (24, 416) if whole_rows_min == 16 else (96, 128) if block else (24, 416)
+    # forward: whole rows (29 fit, balanced to 24), blocks of 64 rows by chunks of 192 (the
+    # last ones 32 rows, 32 values), chunks of 128 (two blocks; the last one 32), or rows with
+    # the whole reduction because no chunk of RC_MIN fits
+    want = ((24, 416) if whole_rows_min == 16 else (64, 192) if row_block_min == 64
+            else (96, 128) if block else (24, 416))
     assert tiled.plan(96, 416, cap, 1, 32, block, m=20) == want
     assert tiled.plan(96, 416, cap, 1, 32, block) == ((96, 128) if block else (24, 416))
     assert tiled.plan(416, 96, cap, 32, 1, block) == ((192, 64) if block else (128, 96))

@@ -133,6 +133,7 @@ def test_scratch_tiles_follow_kernels():
     assert tile_plan(4096, 4096, 2 << 20, 1, 32, None) == (4096, 512)
     assert tile_plan(4096, 4096, 2 << 20, 1, 32, 448, m=512) == (512, 4096)
     assert tile_plan(4096, 4096, 2 << 20, 1, 32, 448, m=2048) == (4096, 448)
+    assert tile_plan(4096, 11008, 2 << 20, 1, 32, 448, m=512) == (512, 4032)  # blocks of rows
 
 
 def test_llama2_7b_qlora_plan(tmp_path):

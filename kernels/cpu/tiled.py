@@ -2,7 +2,8 @@
 
 Two tilings, both writing each output element in place (blas.gemm, beta = 1 after the first):
 - whole rows of W with the full reduction (the forward, while `a` is cache-sized): one BLAS
-  call per tile, decoded from contiguous bytes; `a` is re-packed by BLAS per tile;
+  call per tile, decoded from contiguous bytes; `a` is re-packed by BLAS per tile (rows too
+  long for the cap: blocks of rows by long reduction chunks);
 - the output's whole width with the reduction split in chunks that are multiples of BLAS's own
   reduction block: every block of `a` goes through BLAS once, the output is swept once per
   chunk (the backward always: its chunks are whole rows of W).
@@ -13,12 +14,15 @@ from .blas import REDUCTION_BLOCK, gemm
 from .decode import decode_tile, decode_tile_par
 
 RC_MIN = 512  # reduction rows per BLAS call below which splitting the width pays instead
-# Whole-row tiles: at least this many rows of W per tile (fewer run BLAS too narrow: 190 rows
-# of 11008 were 1.24x dense where split chunks were 1.12x), while `a` takes at most this many
-# bytes (4096x4096 forward, q4_0, ÷ dense: M = 256 1.10 vs 1.23 split, M = 512 1.06-1.08 vs
-# 1.09-1.15, M = 1024 even, M = 2048 1.08-1.10 vs 1.03-1.04; 2 cores, 32 MiB L3).
+# Forward tiles of whole rows of W: at least this many rows per tile (fewer run BLAS too
+# narrow: 190 rows of 11008 were 1.24x dense where split chunks were 1.12x; rows that long go
+# in blocks of WHOLE_ROWS_MIN rows by reduction chunks of at least ROW_BLOCK_MIN_R values:
+# 512 x 4032 1.08-1.13x), while `a` takes at most WHOLE_ROWS_A_MAX bytes (4096x4096, q4_0,
+# ÷ dense: M = 256 1.10 vs 1.23 split, M = 512 1.04-1.08 vs 1.09-1.15, M = 1024 even, M = 2048
+# 1.08-1.10 vs 1.03-1.04; 4096x11008 at M = 512, 22 MiB of x, still ahead; 2 cores, 32 MiB L3).
 WHOLE_ROWS_MIN = 512
-WHOLE_ROWS_A_MAX = 8 << 20
+ROW_BLOCK_MIN_R = 2048
+WHOLE_ROWS_A_MAX = 24 << 20
 OUT_ALIGN = 64
 # A tile decodes on the calling thread below DECODE_SERIAL_MAX · T / (T - 1) values with T
 # threads: the time the threads beyond the first would save must beat a Numba parallel region
@@ -60,8 +64,13 @@ def plan(P, R, cap_elems, align_p, align_r, block=REDUCTION_BLOCK, m=None):
     m is M where out's columns are W's rows (the forward), None where they are not."""
     if P * R <= cap_elems:
         return P, R
-    if m is not None and 4 * m * R <= WHOLE_ROWS_A_MAX and cap_elems // R >= WHOLE_ROWS_MIN:
-        return _width(P, cap_elems // R, align_p), R
+    if m is not None and 4 * m * R <= WHOLE_ROWS_A_MAX:
+        if cap_elems // R >= WHOLE_ROWS_MIN:
+            return _width(P, cap_elems // R, align_p), R
+        pc = _width(P, WHOLE_ROWS_MIN, align_p)  # rows too long: blocks of rows, long chunks
+        limit = cap_elems // pc // align_r * align_r
+        if limit >= ROW_BLOCK_MIN_R:
+            return pc, _reduction_chunk(R, limit, align_r, block)
     rc_min = min(R, -(-block // align_r) * align_r if block else RC_MIN)
     rc_full = cap_elems // P // align_r * align_r
     if rc_full >= rc_min:
