@@ -1,25 +1,24 @@
 """The memory plan: bytes per category and the step's peak, from the config alone (no weights)."""
 from .kernels.cpu import blas
+from .kernels.cpu.ops import FUSED_MAX_M, FUSED_MAX_M_BWD
+from .kernels.cpu.tiled import column_align
 from .kernels.cpu.tiled import plan as tile_plan
 from .memory import CATEGORIES
 from .memory_activations import F32, BlockModel
 from .memory_inputs import plan_inputs
 
-# mirrors kernels/cpu/ops.py (batches up to these many rows use the fused, scratch-free kernels)
-FUSED_MAX_M, FUSED_MAX_M_BWD = 8, 8
-
 
 # ----------------------------------------------------------------------------- dense scratch
 
 def scratch_need(storage, m, cap, backward):
-    """Scratch bytes of one packed matmul with m rows (0 on the small-batch paths): one tile
-    as kernels/cpu/tiled.plan chooses it, its columns aligned as kernels/cpu/ops._align does."""
+    """Scratch bytes of one packed matmul with m rows (0 on the small-batch paths, which the
+    kernels take up to FUSED_MAX_M rows): one tile as the kernels' own planner chooses it."""
     if not storage.packed:
         return 0
     if m <= (FUSED_MAX_M_BWD if backward else FUSED_MAX_M):
         return 0
     n, k = storage.shape
-    align = 32 if k % 32 == 0 else 1
+    align = column_align(k)
     pc, rc = tile_plan(k, n, cap, align, 1) if backward else tile_plan(n, k, cap, 1, align, m=m)
     return F32 * pc * rc
 

@@ -1,4 +1,4 @@
-"""Numba decoders: one span of a packed weight's row -> float32, for every format."""
+"""Numba decoders: runs of a packed weight's rows (a span of each) -> float32, for every format."""
 import numpy as np
 from numba import njit, prange
 

@@ -110,12 +110,10 @@ def _bwd_block(dy, pk, n0, n1, k0, k1, acc):
     for g in range(n0, n1, RB):
         rows = min(RB, n1 - g)
         decode_rows(pk, g, g + rows, k0, k1, buf, 0)
-        m = 0
-        if rows == RB:
-            for m in range(0, M - 3, 4):
-                _axpy_4x4(dy, m, g, buf, w, acc)
-            m = M // 4 * 4
-        for m in range(m, M):
+        m4 = M // 4 * 4 if rows == RB else 0  # rows of dy in 4x4 blocks, the rest one by one
+        for m in range(0, m4, 4):
+            _axpy_4x4(dy, m, g, buf, w, acc)
+        for m in range(m4, M):
             _axpy_rows(dy, m, g, rows, buf, w, acc)
 
 

@@ -6,7 +6,7 @@ from ...errors import QuantError
 from .decode import BNB4, INT8, Q4_0, Q4_1, Q8_0, decode_rows_par, decode_tile_par
 from .fused import fused_bwd, fused_bwd_serial, fused_fwd, fused_fwd_serial
 from . import gemv
-from .tiled import tiled_bwd, tiled_fwd
+from .tiled import column_align, tiled_bwd, tiled_fwd
 
 # Batches up to this many rows use the fused kernels; larger ones decode tiles for BLAS.
 # Measured on 2 cores (q4_0, backward, fused / tiled ms): 576x576 M = 16 0.14 / 0.20, but
@@ -89,11 +89,6 @@ def _build_args(w):
     return (fam, bs, dq, K, u8, i8, f32, aq, acode, ascale, aoff, pair, tab, shift)
 
 
-def _align(pk):
-    """Column alignment of tiles: whole 32-value chunks keep every tile on the SIMD decoders."""
-    return 32 if pk[3] % 32 == 0 else 1
-
-
 def _small_fwd(x, pk, N, out, serial):
     """A few rows of x: one row straight from the packed bytes (gemv), more through decoded
     groups of W's rows (fused); small products stay on the calling thread."""
@@ -130,7 +125,7 @@ def linear_fwd(x, w, out, scratch, cap_elems):
     if x.shape[0] <= FUSED_MAX_M:
         _small_fwd(x, pk, N, out, x.size * N < gemv.PARALLEL_MIN)
         return out
-    return tiled_fwd(x, pk, N, out, scratch, cap_elems, _align(pk))
+    return tiled_fwd(x, pk, N, out, scratch, cap_elems, column_align(pk[3]))
 
 
 def linear_bwd(dy, w, out, scratch, cap_elems):
@@ -142,7 +137,7 @@ def linear_bwd(dy, w, out, scratch, cap_elems):
     if dy.shape[0] <= FUSED_MAX_M_BWD:
         _small_bwd(dy, pk, K, out, dy.size * K < gemv.PARALLEL_MIN)
         return out
-    return tiled_bwd(dy, pk, K, out, scratch, cap_elems, _align(pk))
+    return tiled_bwd(dy, pk, K, out, scratch, cap_elems, column_align(pk[3]))
 
 
 def dequantize_rows(w, n0, n1, out):

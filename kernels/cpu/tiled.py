@@ -36,6 +36,12 @@ def _decoder(elems):
     return decode_tile if elems * (t - 1) < DECODE_SERIAL_MAX * t else decode_tile_par
 
 
+def column_align(K):
+    """Alignment of the columns of W's tiles: whole 32-value chunks keep every tile on the SIMD
+    decoders (rows of other lengths take the scalar one, any alignment)."""
+    return 32 if K % 32 == 0 else 1
+
+
 def _round_down(v, align):
     return max(align, v // align * align)
 
