@@ -2,11 +2,11 @@
 import numpy as np
 
 from ..errors import ConfigError
+from ..models.sources import open_source
 from ..tensor import Tensor
 
 
 def _float_weight(model, path):
-    from ..models.sources import open_source
     src = getattr(model, "_loftq_source", None)
     if src is None:
         src = model._loftq_source = open_source(model.source)

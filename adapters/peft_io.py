@@ -3,9 +3,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import load_file
 
 from ..errors import ModelError
 from ..fileio import save_safetensors, write_json
+from ..nn import Linear, PackedLinear
+from .inject import _LAYER_RE, apply_lora
 from .lora import LoraLinear
 
 WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
@@ -53,8 +56,6 @@ def adapter_config(model):
 def _target_modules(model, paths, layers):
     """Module-name suffixes (PEFT's usual form) when, with `layers`, they select exactly the
     adapted modules; otherwise (a regex picked some of them) the full module paths."""
-    from ..nn import Linear, PackedLinear
-    from .inject import _LAYER_RE
     suffixes = sorted({p.rsplit(".", 1)[-1] for p in paths})
     adapted = set(paths)
     linear = [n for n, m in model.named_modules() if isinstance(m, (Linear, PackedLinear))
@@ -80,7 +81,6 @@ def save_adapter(model, out_dir):
 
 def read_adapter(adapter_dir):
     """(config dict, {key: array}) of a PEFT adapter folder, with clear errors."""
-    from safetensors.numpy import load_file
     d = Path(adapter_dir)
     cfg_path, w_path = d / CONFIG, d / WEIGHTS
     for p in (cfg_path, w_path):
@@ -104,7 +104,6 @@ def _strip(key):
 
 def load_adapter(model, adapter_dir):
     """Load a PEFT-format adapter (ours or PEFT's) into `model`, applying LoRA if needed."""
-    from .inject import apply_lora
     cfg, tensors = read_adapter(adapter_dir)
     weights = {}
     for key, value in tensors.items():

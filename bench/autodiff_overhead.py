@@ -3,9 +3,9 @@ import json
 import statistics
 import time
 
+import numpy as np
 import packlora as pl
 from packlora import ops
-import numpy as np
 
 WIDTH, BATCH, LAYERS, REPS = 1024, 256, 4, 15
 

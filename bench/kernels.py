@@ -13,10 +13,9 @@ import statistics
 import time
 import tracemalloc
 
-import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
 import numpy as np
+import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
 from numba import get_num_threads
-
 from packlora import Device
 from packlora.kernels import linear_bwd, linear_fwd
 from packlora.kernels.cpu import ops as cpu_ops

@@ -18,7 +18,7 @@ SHAPES = ("1x128", "4x256", "8x512")
 
 
 def one_case(shape, ckpt, steps, warmup):
-    from packlora.memory_measure import measure
+    from packlora.memory.measurement import measure
     b, t = (int(v) for v in shape.split("x"))
     t0 = time.perf_counter()
     rep = measure(CONFIG, steps, overrides=[f"train.batch_size={b}", f"data.max_seq_len={t}",

@@ -1,24 +1,34 @@
 """packlora: LoRA/QLoRA fine-tuning on packed, quantized base weights."""
-from . import _env  # noqa: F401  (must run before numpy/numba are imported)
-from . import memory, ops
+from . import (
+    _env,  # noqa: F401  (must run before numpy/numba are imported)
+    memory,
+    ops,
+)
 from .adapters import apply_lora, load_adapter, save_adapter
 from .autodiff import without_autodiff
 from .config import DataConfig, LoraConfig, QuantConfig, RunConfig, TrainConfig, load_config
 from .device import Device
-from .errors import (AutodiffError, ConfigError, DataError, DeviceError, ModelError,
-                     PackloraError, QuantError, TrainingError)
-from .finetune import finetune
+from .errors import (
+    AutodiffError,
+    ConfigError,
+    DataError,
+    DeviceError,
+    ModelError,
+    PackloraError,
+    QuantError,
+    TrainingError,
+)
+from .export import export_model
 from .generate import generate, generate_batch
 from .models import load_model
 from .tensor import Tensor, full, ones, randn, uniform, zeros
-from .trainer import train
+from .training import finetune, train
 
 
 def merge(model, adapter, out, dtype="float32", quantize=None):
     """Merge a PEFT-format adapter into `model` (a name, folder or .gguf) and write a Hugging Face
     folder to `out` (float `dtype`, or packed in the `quantize` format), streaming tensor by
     tensor."""
-    from .export import export_model
     return export_model(model, out, adapter=adapter, dtype=dtype, quantize=quantize)
 
 

@@ -20,6 +20,13 @@ def is_recording():
     return _RECORDING[-1]
 
 
+class Recorded:
+    """Base of Tensor: lets the tape tell tensors from plain values (and make its outputs of the
+    inputs' class) without importing tensor.py, which builds on this module."""
+
+    __slots__ = ()
+
+
 class Function:
     """One op on the tape. Subclasses write `forward(*arrays)` and `backward(grad)` against xp.
 
@@ -60,24 +67,23 @@ class Function:
     @classmethod
     def apply(cls, *inputs, **kwargs):
         """Run the op on Tensors (or plain values) and record it when autodiff is on."""
-        from .tensor import Tensor
+        tensor_cls = next((type(t) for t in inputs if isinstance(t, Recorded)), None)
         device = _common_device(inputs)
-        needs = tuple(isinstance(t, Tensor) and t.is_tracked() for t in inputs)
+        needs = tuple(isinstance(t, Recorded) and t.is_tracked() for t in inputs)
         record = any(needs) and device.is_autodiff() and is_recording()
         fn = cls(device, needs if record else (False,) * len(inputs))
-        arrays = [t.data if isinstance(t, Tensor) else t for t in inputs]
+        arrays = [t.data if isinstance(t, Recorded) else t for t in inputs]
         out = fn.forward(*arrays, **kwargs)
         if record:
             fn.parents = tuple(parent_ref(t) for t in inputs)
-            return Tensor(out, device, _fn=fn)
-        return Tensor(out, device)
+            return tensor_cls(out, device, _fn=fn)
+        return tensor_cls(out, device)
 
 
 def parent_ref(t):
     """What the tape keeps of an input: the Function that made it, or the trainable leaf itself.
     Never an intermediate Tensor, so its data is freed unless some op saved it."""
-    from .tensor import Tensor
-    if not isinstance(t, Tensor):
+    if not isinstance(t, Recorded):
         return None
     if t._fn is not None:
         return t._fn
@@ -85,10 +91,9 @@ def parent_ref(t):
 
 
 def _common_device(inputs):
-    from .tensor import Tensor
     device = None
     for t in inputs:
-        if isinstance(t, Tensor):
+        if isinstance(t, Recorded):
             if device is None:
                 device = t.device
             elif not device.same_hardware(t.device):
@@ -123,14 +128,13 @@ def _topo_order(root_fn):
 
 def backward(tensor, grad=None):
     """Walk the tape from `tensor` once, fill `.grad` of leaves that require grad, free the tape."""
-    from .tensor import Tensor
     xp = tensor.device.xp
     if grad is None:
         if tensor.size != 1:
             raise AutodiffError(f"backward() needs a scalar loss, got shape {tensor.shape}; "
                                 "reduce it first (e.g. loss.sum()) or pass a gradient")
         grad = xp.ones_like(tensor.data)
-    elif isinstance(grad, Tensor):
+    elif isinstance(grad, Recorded):
         grad = grad.data
     if tensor._fn is None:
         if tensor.requires_grad:
@@ -157,7 +161,6 @@ def backward(tensor, grad=None):
 
 
 def _accumulate_leaf(leaf, g):
-    from .tensor import Tensor
     xp = leaf.device.xp
     if g.shape != leaf.data.shape:
         g = xp.broadcast_to(g, leaf.data.shape)
@@ -165,6 +168,6 @@ def _accumulate_leaf(leaf, g):
         # always a fresh array: an op may hand the same gradient array to several inputs
         g = xp.array(g, dtype=leaf.data.dtype, copy=True)
         leaf.device.memory.track(g, "grads")
-        leaf.grad = Tensor(g, leaf.device.inner())
+        leaf.grad = type(leaf)(g, leaf.device.inner())
     else:
         leaf.grad.data += g

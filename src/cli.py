@@ -3,11 +3,19 @@ import argparse
 import json
 import sys
 
+from .adapters import load_adapter
+from .device import Device
 from .errors import PackloraError
+from .evaluate import exact_match
+from .export import export_model
+from .generate import generate
+from .inspect_model import inspect_report
+from .memory.report import run_memory_report
+from .models import load_model
+from .training import finetune
 
 
 def _cmd_finetune(a):
-    from .finetune import finetune
     res = finetune(a.config, a.overrides, progress=not a.quiet)
     last = res.history[-1] if res.history else {}
     print(json.dumps({"output_dir": str(res.output_dir), "steps": len(res.history),
@@ -15,9 +23,6 @@ def _cmd_finetune(a):
 
 
 def _load(a, autodiff=False):
-    from .adapters import load_adapter
-    from .device import Device
-    from .models import load_model
     dev = Device.parse(a.device)
     model = load_model(a.model, dev, quant=a.quant)
     if getattr(a, "adapter", None):
@@ -26,7 +31,6 @@ def _load(a, autodiff=False):
 
 
 def _cmd_generate(a):
-    from .generate import generate
     model = _load(a)
     prompt = [{"role": "user", "content": a.prompt}] if not a.no_chat else a.prompt
     print(generate(model, prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
@@ -34,7 +38,6 @@ def _cmd_generate(a):
 
 
 def _cmd_eval(a):
-    from .evaluate import exact_match
     model = _load(a)
     show = (lambda got, want, ok: print(("OK  " if ok else "BAD ") + got, flush=True)) \
         if a.verbose else None
@@ -42,26 +45,22 @@ def _cmd_eval(a):
 
 
 def _cmd_merge(a):
-    from .export import export_model
     out = export_model(a.model, a.out, adapter=a.adapter, dtype=a.dtype, quantize=a.quantize)
     print(f"wrote {out}")
 
 
 def _cmd_quantize(a):
-    from .export import export_model
     out = export_model(a.source, a.out_dir, quantize=a.format, block_size=a.block_size,
                        double_quant=a.double_quant)
     print(f"wrote {out}")
 
 
 def _cmd_inspect(a):
-    from .inspect_model import inspect_report
     print(json.dumps(inspect_report(a.model, a.quant), indent=2) if a.json
           else inspect_report(a.model, a.quant, text=True))
 
 
 def _cmd_memory_report(a):
-    from .memory_report import run_memory_report
     run_memory_report(a)
 
 

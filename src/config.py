@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_origin
 
+import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -16,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from .config_errors import section_model, format_errors, suggest
+from .config_errors import format_errors, section_model, suggest
 from .errors import ConfigError
 
 GGUF_FORMATS = ("q4_0", "q4_1", "q8_0")
@@ -237,7 +238,6 @@ class RunConfig(_Section):
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         """The resolved config as YAML text; also written to `path` when given."""
-        import yaml
         text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False,
                               default_flow_style=None)
         if path is not None:
@@ -255,7 +255,6 @@ def _compile(pattern: str) -> None:
 # ----------------------------------------------------------------------------- YAML + overrides
 
 def _yaml():
-    import yaml
 
     class StrictLoader(yaml.SafeLoader):
         """SafeLoader that rejects duplicate keys instead of keeping the last one."""
@@ -354,3 +353,12 @@ def parse_config(data: dict, overrides=(), source: str = "<dict>") -> RunConfig:
 def load_config(path: str | Path, overrides=()) -> RunConfig:
     """Read a YAML run config, apply overrides (which win over the file) and validate it."""
     return parse_config(read_yaml(path), overrides, source=str(path))
+
+
+def resolve_config(config, overrides=()) -> RunConfig:
+    """A RunConfig from a RunConfig, a run dict or a YAML path, with `key=value` overrides."""
+    if isinstance(config, RunConfig):
+        return parse_config(config.model_dump(), overrides, "<RunConfig>") if overrides else config
+    if isinstance(config, dict):
+        return parse_config(config, overrides)
+    return load_config(config, overrides)

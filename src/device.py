@@ -1,10 +1,9 @@
 """Device: picks the array backend (numpy or cupy) and owns RNG, memory tracker and scratch."""
-from . import _env  # noqa: F401  (thread-pool settings before numpy/numba load)
-
 import numpy as np
 
+from . import _env  # noqa: F401  (thread-pool settings before numpy/numba load)
 from .errors import DeviceError
-from .memory import MemoryTracker
+from .tracker import MemoryTracker
 
 _STATES = {}
 # Bytes of dense scratch the packed kernels may hold (a run config's `scratch_mib` sets it).
@@ -15,9 +14,9 @@ DEFAULT_SCRATCH_CAP = 8 << 20
 class _State:
     """What one physical device owns, shared by its autodiff and plain views."""
 
-    def __init__(self, kind, index, xp):
+    def __init__(self, kind, xp):
         self.xp = xp
-        self.memory = MemoryTracker(kind)
+        self.memory = MemoryTracker(kind, None if kind == "cpu" else xp.get_default_memory_pool())
         self.rng = None
         self.seed_value = None
         self.scratch_cap = DEFAULT_SCRATCH_CAP
@@ -48,7 +47,7 @@ def _state(kind, index):
     key = (kind, index)
     if key not in _STATES:
         xp = np if kind == "cpu" else _load_cupy(index)
-        _STATES[key] = _State(kind, index, xp)
+        _STATES[key] = _State(kind, xp)
         _STATES[key].rng = _make_rng(xp, None)
     return _STATES[key]
 
@@ -139,9 +138,6 @@ class Device:
     def sync(self):
         if self.kind == "cuda":
             self.xp.cuda.Device(self.index).synchronize()
-
-    def is_cuda(self):
-        return self.kind == "cuda"
 
     @property
     def scratch_cap(self):

@@ -7,10 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .adapters.peft_io import _strip, read_adapter
 from .errors import ModelError
 from .fileio import atomic_path, write_json
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
+from .quant import quantize as quantize_fn
+from .quant import save_packed
 
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
            "bfloat16": ("BF16", None)}
@@ -54,7 +57,6 @@ class _Adapter:
     """Adapter deltas by module path, read from a PEFT-format folder."""
 
     def __init__(self, adapter_dir):
-        from .adapters.peft_io import _strip, read_adapter
         cfg, tensors = read_adapter(adapter_dir)
         self.cfg = cfg
         self.w = {_strip(k).removesuffix(".weight"): v for k, v in tensors.items()}
@@ -123,8 +125,6 @@ def _write_dense(src, names, out, delta, dtype):
 
 
 def _write_packed(src, names, out, delta, fmt, block_size, double_quant):
-    from .quant import quantize as quantize_fn
-    from .quant import save_packed
     if double_quant is None:
         double_quant = fmt in ("nf4", "fp4")
     tensors = {}

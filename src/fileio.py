@@ -4,6 +4,9 @@ import json
 import os
 import tempfile
 
+import numpy as np
+from safetensors.numpy import save_file
+
 
 @contextlib.contextmanager
 def atomic_path(path, suffix=""):
@@ -51,12 +54,10 @@ def write_json(path, obj):
 
 def save_safetensors(path, arrays, metadata=None):
     """numpy arrays -> a safetensors file, atomically."""
-    from safetensors.numpy import save_file
     with atomic_path(path, ".safetensors") as tmp:
         save_file({k: _host(v) for k, v in arrays.items()}, tmp, metadata=metadata)
 
 
 def _host(a):
-    import numpy as np
     a = a.get() if hasattr(a, "get") else a
     return np.ascontiguousarray(a)

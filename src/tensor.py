@@ -6,7 +6,7 @@ from .device import Device
 from .errors import AutodiffError
 
 
-class Tensor:
+class Tensor(autodiff.Recorded):
     """Wraps a numpy/cupy array and its device. Leaves may `require_grad()`; ops record a tape."""
 
     __slots__ = ("data", "device", "requires_grad", "grad", "_fn", "__weakref__")

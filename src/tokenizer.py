@@ -6,7 +6,14 @@ import warnings
 from datetime import datetime
 from pathlib import Path
 
+import jinja2.ext
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
 from .errors import DataError, ModelError
+from .fileio import write_json, write_text
 
 _GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
@@ -57,7 +64,6 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path, tokenizer_config: dict | None = None) -> Tokenizer:
         """A Hugging Face tokenizer.json plus its tokenizer_config.json dict."""
-        from tokenizers import Tokenizer as HFTokenizer
         path = Path(path)
         if not path.is_file():
             raise ModelError(f"{path}: tokenizer file not found")
@@ -79,8 +85,6 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, fields: dict, source: str = "model.gguf") -> Tokenizer:
         """A byte-level BPE (gpt2 style) from GGUF `tokenizer.ggml.*` metadata."""
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import decoders, models
         kind = fields.get("tokenizer.ggml.model")
         if kind != "gpt2":
             raise ModelError(f"{source}: tokenizer.ggml.model {kind!r} is not supported "
@@ -109,7 +113,6 @@ class Tokenizer:
 
     def save(self, folder) -> None:
         """Write tokenizer.json and tokenizer_config.json (Hugging Face layout) into `folder`."""
-        from .fileio import write_json, write_text
         folder = Path(folder)
         write_text(folder / "tokenizer.json", self._tok.to_str())
         tok = self.id_to_token
@@ -211,7 +214,6 @@ class Tokenizer:
         return base + at, end
 
     def _render(self, messages, add_generation_prompt: bool, **kwargs) -> str:
-        from jinja2.exceptions import TemplateError
         template = self._template()
         try:
             return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
@@ -241,7 +243,6 @@ class Tokenizer:
 
 
 def _pre_tokenizer(pre: str, source: str):
-    from tokenizers import Regex, pre_tokenizers
     regexes = PRE_TOKENIZER_REGEXES.get(pre)
     if regexes is None:
         warnings.warn(f"{source}: pre-tokenizer {pre!r} is not known; using the gpt2 regex",
@@ -254,7 +255,6 @@ def _pre_tokenizer(pre: str, source: str):
 
 def _add_special_tokens(backend, tokens, token_types) -> None:
     """Control tokens become special tokens; user-defined ones are matched whole too."""
-    from tokenizers import AddedToken
     if token_types is None:
         return
     added = [AddedToken(tokens[i], special=(t == _TOKEN_CONTROL), normalized=False)
@@ -289,9 +289,6 @@ def _check_messages(messages, source: str) -> None:
 
 def _jinja_env():
     """A sandboxed Jinja environment configured as Hugging Face renders chat templates."""
-    import jinja2.ext
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
         raise TemplateError(message)

@@ -1,6 +1,5 @@
 """Central finite-difference gradient checks for packlora ops (float64)."""
 import numpy as np
-
 import packlora as pl
 
 DEV = pl.Device.cpu().autodiff()

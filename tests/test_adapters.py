@@ -2,20 +2,19 @@
 initialisation, LoftQ, and the PEFT adapter format (save, load, PEFT-style keys)."""
 import json
 
+import model_factory as mf
 import numpy as np
 import pytest
-from safetensors import safe_open
-from safetensors.numpy import save_file
-
-import model_factory as mf
 from gradcheck import DEV, check
 from packlora import Tensor, without_autodiff
 from packlora.adapters import LoraLinear, LoraMatmul, apply_lora, load_adapter, save_adapter
-from packlora.adapters.lora import row_norms
 from packlora.errors import ConfigError
 from packlora.models import load_model
 from packlora.nn import Linear, PackedLinear
+from packlora.ops.lora import row_norms
 from packlora.quant import quantize
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 M, K, N, R = 5, 64, 48, 4
 LINEAR_SHAPES = {"q_proj": (mf.HEADS * mf.HEAD_DIM, mf.HIDDEN),

@@ -5,10 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import model_factory as mf
 import numpy as np
 import pytest
-
-import model_factory as mf
 from packlora.cli import main
 from packlora.config import load_config
 from packlora.generate import generate

@@ -1,8 +1,7 @@
 """Device and autodiff semantics: the API contract of the foundation."""
 import numpy as np
-import pytest
-
 import packlora as pl
+import pytest
 from packlora import ops
 
 

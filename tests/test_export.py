@@ -4,10 +4,9 @@ import json
 import struct
 from pathlib import Path
 
+import model_factory as mf
 import numpy as np
 import pytest
-
-import model_factory as mf
 from packlora import Device, without_autodiff
 from packlora.adapters import apply_lora, save_adapter
 from packlora.cli import main

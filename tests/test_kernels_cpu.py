@@ -1,10 +1,9 @@
 """CPU packed-weight kernels against the float64 product with the dequantized weight."""
 import tracemalloc
 
-import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
 import numpy as np
+import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
 import pytest
-
 from packlora import Device, QuantError
 from packlora.kernels import dequantize_rows, gather_rows, linear_bwd, linear_fwd
 from packlora.kernels.cpu import ops as cpu_ops
@@ -186,7 +185,6 @@ def test_fused_and_tiled_paths_agree():
 
 def test_fast_exp_float32_accuracy_and_edges():
     from numba import njit
-
     from packlora.kernels.cpu.fastexp import SAFE_FASTMATH, fexp
 
     @njit(fastmath=SAFE_FASTMATH)
@@ -315,7 +313,7 @@ def test_tiled_products_cut_as_planned(block, whole_rows_min, row_block_min, mon
 def test_gemm_accumulates_on_strided_views(through_blas, monkeypatch):
     """blas.gemm: C = A @ B + beta C on column slices and transposed views, through CBLAS and
     through its numpy fallback; LoRA's add_product on both paths."""
-    from packlora.adapters.lora import add_product
+    from packlora.kernels import add_product
     from packlora.kernels.cpu import blas
     if not through_blas:
         monkeypatch.setattr(blas, "SGEMM", None)

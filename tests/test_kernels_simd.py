@@ -1,10 +1,9 @@
 """The SIMD row walkers' nibble lookups, each variant against the codebook."""
-import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
 import numpy as np
+import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
 import pytest
 from llvmlite import binding as llb
 from numba import njit
-
 from packlora.kernels.cpu import simd
 from packlora.kernels.cpu.ops import pack_args
 from packlora.quant import quantize

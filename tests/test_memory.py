@@ -2,9 +2,8 @@
 import gc
 
 import numpy as np
-import pytest
-
 import packlora as pl
+import pytest
 
 
 def test_known_sizes_by_category():

@@ -4,10 +4,9 @@ import math
 
 import numpy as np
 import pytest
-
 from packlora.memory import CATEGORIES
 from packlora.memory import plan as mem_plan
-from packlora.memory_plan import FUSED_MAX_M, FUSED_MAX_M_BWD, tile_plan
+from packlora.memory.planner import FUSED_MAX_M, FUSED_MAX_M_BWD, tile_plan
 
 V, D, H, HKV, HD, F, L = 128, 64, 4, 2, 16, 96, 2
 TINY = {"model_type": "llama", "vocab_size": V, "hidden_size": D, "intermediate_size": F,

@@ -3,17 +3,15 @@ import json
 import math
 import struct
 
+import model_factory as mf
 import numpy as np
 import pytest
-
-import model_factory as mf
 from packlora.errors import ModelError
 from packlora.models import resolve as resolve_mod
 from packlora.models.config import ModelConfig, rope_frequencies
 from packlora.models.files import HFFolder
 from packlora.models.gguf_file import gguf_name, hf_name, open_gguf, qk_row_order
 from packlora.models.resolve import resolve_source
-
 
 SMOLLM = mf.smollm_path()
 LLAMA = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,

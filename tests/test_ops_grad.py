@@ -2,11 +2,10 @@
 import importlib
 
 import numpy as np
-import pytest
-
 import packlora as pl
-from packlora import ops
+import pytest
 from gradcheck import DEV, check, leaf
+from packlora import ops
 
 
 @pytest.mark.parametrize("sa,sb", [((3, 4), (3, 4)), ((3, 4), (4,)), ((2, 1, 4), (3, 1)),

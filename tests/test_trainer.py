@@ -4,22 +4,21 @@ import errno
 import json
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 import model_factory as mf
-import packlora.checkpoints as ckpt_mod
+import numpy as np
+import packlora.training.checkpoints as ckpt_mod
+import pytest
 from packlora import Device, Tensor
 from packlora.adapters import apply_lora
-from packlora.checkpoints import list_checkpoints, load_checkpoint
 from packlora.config import TrainConfig
 from packlora.data import Example
 from packlora.errors import ConfigError, DataError, TrainingError
-from packlora.finetune import finetune
 from packlora.models import LlamaForCausalLM, load_model
-from packlora.optim import AdamW, clip_grad_norm
-from packlora.schedule import Schedule
-from packlora.trainer import Trainer, evaluate
+from packlora.training.checkpoints import list_checkpoints, load_checkpoint
+from packlora.training.finetune import finetune
+from packlora.training.optim import AdamW, clip_grad_norm
+from packlora.training.schedule import Schedule
+from packlora.training.trainer import Trainer, evaluate
 
 
 # --- a tiny chat model and data ---------------------------------------------------------------

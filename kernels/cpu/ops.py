@@ -3,9 +3,9 @@ import numpy as np
 from numba import get_num_threads
 
 from ...errors import QuantError
+from . import gemv
 from .decode import BNB4, INT8, Q4_0, Q4_1, Q8_0, decode_rows_par, decode_tile_par
 from .fused import fused_bwd, fused_bwd_serial, fused_fwd, fused_fwd_serial
-from . import gemv
 from .tiled import column_align, tiled_bwd, tiled_fwd
 
 # Batches up to this many rows use the fused kernels; larger ones decode tiles for BLAS.

@@ -6,8 +6,10 @@ import struct
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 
 from ..errors import ModelError
+from ..tokenizer import Tokenizer
 from .config import ModelConfig
 
 _NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
@@ -87,7 +89,6 @@ class HFFolder:
 
     def _load_tokenizer(self):
         """The folder's tokenizer, or None when it has no tokenizer.json (weights-only folder)."""
-        from ..tokenizer import Tokenizer
         if not (self.path / "tokenizer.json").is_file():
             return None
         cfg_path = self.path / "tokenizer_config.json"
@@ -145,7 +146,6 @@ class HFFolder:
 
     def iter_tensors(self, names=None):
         """Yield (name, float32 array) one tensor at a time, shard by shard."""
-        from safetensors import safe_open
         wanted = self.tensor_names() if names is None else list(names)
         by_shard: dict[Path, list[str]] = {}
         for name in wanted:

@@ -7,7 +7,8 @@ PEFT keys line up: `model.layers.N.self_attn.q_proj`, `model.layers.N.mlp.down_p
 import numpy as np
 
 from .. import ops
-from ..nn import Module, PackedLinear, checkpoint, head_cross_entropy
+from ..nn import Module, PackedLinear
+from ..ops import checkpoint, head_cross_entropy
 from ..tensor import Tensor
 from .config import rope_frequencies
 

@@ -8,6 +8,7 @@ import numpy as np
 from ..device import Device
 from ..errors import ModelError
 from ..nn import Embedding, Linear, PackedLinear, RMSNorm
+from ..quant import quantize as quantize_fn
 from ..tensor import Tensor
 from .llama import MLP, Attention, Backbone, DecoderLayer, LlamaForCausalLM
 from .resolve import resolve_source
@@ -59,7 +60,6 @@ class _Builder:
 
     def packed_or_dense(self, name, shape, quantize=True):
         """A PackedWeight on the device, or a float Tensor if quantization is off."""
-        from ..quant import quantize as quantize_fn
         value = self._take(name, shape)
         fmt = self.quant["format"]
         if not hasattr(value, "dequantize") and quantize and fmt is not None:

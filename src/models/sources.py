@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelError
+from ..quant import PackedWeight, load_packed
+from ..tokenizer import Tokenizer
+from .config import ModelConfig
 from .files import HFFolder, read_json
 from .gguf_file import gguf_name, hf_name, open_gguf, qk_row_order
 
@@ -50,7 +53,6 @@ class GGUFSource:
         return set(self._names)
 
     def get(self, name):
-        from ..quant import PackedWeight
         kind, shape, data = self.file.tensor(gguf_name(name))
         order = self._row_order(name, shape[0])
         if kind in ("Q4_0", "Q4_1", "Q8_0"):
@@ -84,8 +86,6 @@ class PackedSource:
     model.packed.safetensors holding PackedWeights and float tensors."""
 
     def __init__(self, path):
-        from ..quant import load_packed
-        from .config import ModelConfig
         self.path = Path(path)
         self.config = ModelConfig.from_hf(read_json(self.path / "config.json"),
                                           str(self.path / "config.json"))
@@ -94,7 +94,6 @@ class PackedSource:
 
     @property
     def tokenizer(self):
-        from ..tokenizer import Tokenizer
         tok_json = self.path / "tokenizer.json"
         if not tok_json.is_file():
             return None

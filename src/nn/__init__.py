@@ -1,9 +1,6 @@
-"""Neural-network layers built on packlora ops."""
-from .checkpoint import checkpoint
+"""Neural-network layers (Modules) built on packlora ops."""
 from .layers import Embedding, RMSNorm, gather_packed_rows
-from .head_loss import head_cross_entropy
-from .linear import Linear, PackedLinear, PackedMatmul
+from .linear import Linear, PackedLinear
 from .module import Module
 
-__all__ = ["Module", "Linear", "PackedLinear", "PackedMatmul", "Embedding", "RMSNorm",
-           "checkpoint", "gather_packed_rows", "head_cross_entropy"]
+__all__ = ["Module", "Linear", "PackedLinear", "Embedding", "RMSNorm", "gather_packed_rows"]

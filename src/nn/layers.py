@@ -1,7 +1,7 @@
 """Small layers: RMSNorm and token embedding (dense or packed)."""
 import numpy as np
 
-from .. import ops
+from .. import kernels, ops
 from ..tensor import Tensor
 from .module import Module
 
@@ -17,7 +17,6 @@ class RMSNorm(Module):
 
 def gather_packed_rows(w, ids, device):
     """Rows of a packed (V, D) weight for integer ids (...) -> float32 (..., D), one kernel call."""
-    from .. import kernels
     xp = device.xp
     flat = xp.asarray(ids).reshape(-1)
     rows = xp.empty((flat.size, w.shape[1]), dtype=np.float32)

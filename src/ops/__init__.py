@@ -5,6 +5,8 @@ from ..tensor import Tensor
 from .activations import Dropout, Embedding, Silu, Softmax, SwiGLU
 from .arith import Add, Div, Exp, Log, MatMul, Mul, Neg, Pow, Sqrt, Sub
 from .attention import Attention
+from .checkpoint import checkpoint
+from .head_loss import head_cross_entropy
 from .loss import CrossEntropy
 from .norm import RMSNorm
 from .rope import Rope
@@ -12,7 +14,8 @@ from .shape import Concat, GetItem, Mean, Reshape, Sum, Transpose
 
 __all__ = ["add", "sub", "mul", "div", "neg", "pow", "matmul", "exp", "log", "sqrt", "sum",
            "mean", "reshape", "transpose", "permute", "concat", "split", "silu", "swiglu",
-           "softmax", "rms_norm", "rope", "attention", "cross_entropy", "embedding", "dropout"]
+           "softmax", "rms_norm", "rope", "attention", "cross_entropy", "embedding", "dropout",
+           "checkpoint", "head_cross_entropy"]
 
 
 def _scalar(a, like):

@@ -1,6 +1,7 @@
 """Activations: silu, fused silu(gate)*up (SwiGLU), softmax, dropout, embedding gather."""
 import numpy as np
 
+from .. import kernels
 from ..autodiff import Function
 
 
@@ -24,27 +25,11 @@ class SwiGLU(Function):
 
     def forward(self, gate, up):
         self.save(gate, up)
-        if self.xp is np and gate.shape == up.shape and gate.dtype == up.dtype:
-            from ..kernels.cpu import elementwise as ew
-            y = np.empty(gate.shape, dtype=gate.dtype)
-            ew.swiglu_fwd(ew.rows2(gate), ew.rows2(up), y.reshape(-1, gate.shape[-1]))
-            return y
-        return gate * _sigmoid(self.xp, gate) * up
+        return kernels.swiglu_fwd(self.xp, gate, up)
 
     def backward(self, g):
         gate, up = self.saved
-        if self.xp is np and gate.shape == up.shape:
-            from ..kernels.cpu import elementwise as ew
-            d = gate.shape[-1]
-            dgate, dup = np.empty_like(gate), np.empty_like(up)
-            ew.swiglu_bwd(ew.rows2(g), ew.rows2(gate), ew.rows2(up), dgate.reshape(-1, d),
-                          dup.reshape(-1, d), self.needs[0], self.needs[1])
-            return (dgate if self.needs[0] else None), (dup if self.needs[1] else None)
-        s = _sigmoid(self.xp, gate)
-        act = gate * s
-        dgate = g * up * (s * (1 + gate * (1 - s))) if self.needs[0] else None
-        dup = g * act if self.needs[1] else None
-        return dgate, dup
+        return kernels.swiglu_bwd(self.xp, g, gate, up, self.needs[0], self.needs[1])
 
 
 class Softmax(Function):

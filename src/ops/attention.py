@@ -8,11 +8,9 @@ hands those to BLAS (a transposed view falls back to a slow loop).
 """
 import math
 
-import numpy as np
 
+from .. import kernels
 from ..autodiff import Function
-from ..kernels.cpu import attention as fused
-from ..kernels.cpu import takes
 
 QUERY_CHUNK = 64  # query positions per score block
 SCORE_BYTES = 8 << 20  # the backward's score blocks of one batch slice stay under this
@@ -35,44 +33,6 @@ def _ungroup(x, t):
 def _contig_t(xp, a):
     """The last two axes swapped, as a contiguous array."""
     return xp.ascontiguousarray(xp.swapaxes(a, -1, -2))
-
-
-def _softmax_(xp, sc):
-    """sc (..., S) <- softmax(sc) in place; returns its log-sum-exp (..., 1)."""
-    if takes(xp, sc):
-        lse = np.empty(sc.shape[:-1] + (1,), dtype=sc.dtype)
-        fused.softmax_rows(sc.reshape(-1, sc.shape[-1]), lse.reshape(-1))
-        return lse
-    m = sc.max(axis=-1, keepdims=True)
-    sc -= m
-    xp.exp(sc, out=sc)
-    lsum = sc.sum(axis=-1, keepdims=True)
-    sc /= lsum
-    return m + xp.log(lsum)
-
-
-def _probs_t_(xp, pt, scale, lse_t):
-    """pt (b, Hkv, S, Q) <- exp(pt * scale - lse_t) in place; lse_t (b, Hkv, 1, Q)."""
-    if takes(xp, pt, lse_t):
-        n = pt.shape[0] * pt.shape[1]
-        fused.probs_t(pt.reshape(n, *pt.shape[2:]), np.float32(scale),
-                      np.ascontiguousarray(lse_t).reshape(n, -1))
-        return
-    pt *= scale
-    pt -= lse_t
-    xp.exp(pt, out=pt)
-
-
-def _dscores_t_(xp, dpt, pt, delta_t, scale):
-    """dpt <- (dpt - delta_t) * pt * scale in place (transposed scores, delta_t (b, Hkv, 1, Q))."""
-    if takes(xp, dpt, pt, delta_t):
-        n = dpt.shape[0] * dpt.shape[1]
-        fused.dscores_t(dpt.reshape(n, *dpt.shape[2:]), pt.reshape(n, *pt.shape[2:]),
-                        np.ascontiguousarray(delta_t).reshape(n, -1), np.float32(scale))
-        return
-    dpt -= delta_t
-    dpt *= pt
-    dpt *= scale
 
 
 def query_blocks(t, s, groups):
@@ -115,7 +75,7 @@ class Attention(Function):
             sc = qg[:, :, r0:r1] @ kt[..., :e]  # (B, Hkv, rows, e)
             sc *= self.scale
             xp.copyto(sc, -xp.inf, where=blocked[..., r0:r1, :e])
-            lse[:, :, r0:r1] = _softmax_(xp, sc)
+            lse[:, :, r0:r1] = kernels.softmax_(xp, sc)
             og[:, :, r0:r1] = sc @ vv[:, :, :e]
         self.t = t
         self.save(qg, kc, vv, og, lse, blocked)
@@ -153,9 +113,9 @@ class Attention(Function):
             qc, dc = qg[:, :, r0:r1], dog[:, :, r0:r1]  # (b, Hkv, rows, D)
             pt = kc[:, :, :e] @ _contig_t(xp, qc)  # (b, Hkv, e, rows)
             xp.copyto(pt, -xp.inf, where=xp.swapaxes(blocked[..., r0:r1, :e], -1, -2))
-            _probs_t_(xp, pt, self.scale, _contig_t(xp, lse[:, :, r0:r1]))
+            kernels.probs_t_(xp, pt, self.scale, _contig_t(xp, lse[:, :, r0:r1]))
             dpt = vv[:, :, :e] @ _contig_t(xp, dc)  # (b, Hkv, e, rows)
-            _dscores_t_(xp, dpt, pt, _contig_t(xp, delta[:, :, r0:r1]), self.scale)
+            kernels.dscores_t_(xp, dpt, pt, _contig_t(xp, delta[:, :, r0:r1]), self.scale)
             dqg[:, :, r0:r1] = _contig_t(xp, kt[..., :e] @ dpt)  # (b, Hkv, rows, D)
             if i == 0:
                 dvv[...] = pt @ dc  # (b, Hkv, S, D)

@@ -1,15 +1,25 @@
 """Measure a run's memory: real training steps on random B×T batches, tracker vs process."""
 import gc
+import json
+import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
-from .memory import CATEGORIES
+from ..adapters import apply_lora
+from ..config import resolve_config
+from ..data.example import Example
+from ..device import Device
+from ..models import load_model
+from ..tracker import CATEGORIES
+from ..training.trainer import Trainer
+from .inputs import plan_inputs
+from .planner import plan_from_inputs
 
 
 def random_examples(batch, seq, vocab, seed=0):
     """`batch` rows of exactly `seq` random tokens, every position a target."""
-    from .data.example import Example
     rng = np.random.default_rng(seed)
     return [Example(rng.integers(0, vocab, seq), rng.integers(0, vocab, seq),
                     origin=f"random:{i}") for i in range(batch)]
@@ -18,7 +28,6 @@ def random_examples(batch, seq, vocab, seed=0):
 def _rss_now():
     try:
         with open("/proc/self/statm") as f:
-            import os
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
@@ -61,8 +70,6 @@ def _process_peak(dev, start):
 
 
 def _load(run, source, dev):
-    from .adapters import apply_lora
-    from .models import load_model
     model = load_model(source, dev, quant=run.quant, with_tokenizer=False)
     apply_lora(model, run.lora)
     return model
@@ -72,8 +79,6 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
     """Train `warmup` + `steps` steps of `run` at the shapes of `inp` (PlanInputs); the window
     after the warm-up is measured. Returns the `measured` dict (bytes above what was live
     before the model was loaded)."""
-    from .device import Device
-    from .trainer import Trainer
     import matplotlib  # imported before tracing: the trainer's loss plot must not count
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
@@ -124,8 +129,6 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
 
 
 def _metrics_records(out):
-    import json
-    from pathlib import Path
     path = Path(out) / "metrics.jsonl"
     if not path.is_file():
         return []
@@ -149,9 +152,6 @@ def measure(config, steps=2, overrides=(), model=None, batch_size=None, seq_len=
             grad_checkpointing=None, warmup=1):
     """Plan `config`, then train `steps` real steps (after `warmup`) on random batches of exactly
     batch × max_seq_len tokens and measure. Returns the plan dict plus "measured"."""
-    from .finetune import resolve_config
-    from .memory_inputs import plan_inputs
-    from .memory_plan import plan_from_inputs
     run = resolve_config(config, overrides)
     inp = plan_inputs(run, (), model, batch_size, seq_len, grad_checkpointing)
     report = plan_from_inputs(inp)

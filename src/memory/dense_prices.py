@@ -1,5 +1,5 @@
 """The price of dense expansion: the same run priced as other toolkits hold the base weight."""
-from .memory_activations import F32
+from .activations import F32
 
 BF16 = 2
 

@@ -7,9 +7,16 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .device import DEFAULT_SCRATCH_CAP
-from .errors import ConfigError, ModelError
-from .lora_targets import matches, pattern_value
+from ..config import RunConfig, load_config, parse_config
+from ..device import DEFAULT_SCRATCH_CAP
+from ..errors import ConfigError, ModelError
+from ..lora_targets import matches, pattern_value
+from ..models.config import ModelConfig
+from ..models.files import read_json
+from ..models.gguf_file import hf_name, open_gguf
+from ..models.load import quant_spec
+from ..models.resolve import resolve_source
+from ..quant import packed_nbytes
 
 PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -29,7 +36,6 @@ class Storage:
 
     @property
     def nbytes(self) -> int:
-        from .quant import packed_nbytes
         if self.format is None:
             n = 4
             for d in self.shape:
@@ -96,21 +102,19 @@ class _Header:
     """Config and per-tensor stored types of a model source, without reading tensor data."""
 
     def __init__(self, source):
-        from .models.config import ModelConfig
         self.kinds = {}  # hf tensor name -> (kind, shape); kind "F32" or a packed description
         self.names = None  # set of tensor names when known
         if _is_model_dict(source):
             self.path = "<model config dict>"
             self.config = ModelConfig.from_hf(source, self.path)
             return
-        from .models.resolve import resolve_source
         path = Path(source).expanduser()
         if path.is_file() and path.name.endswith(".json"):
             self._hf_config(path)
             return
         path = resolve_source(source)
         if path.is_dir():
-            from .models.sources import PACKED_FILE
+            from ..models.sources import PACKED_FILE
             if (path / PACKED_FILE).is_file():
                 self._packed_folder(path, path / PACKED_FILE)
             else:
@@ -119,13 +123,10 @@ class _Header:
             self._gguf(path)
 
     def _hf_config(self, cfg_path):
-        from .models.config import ModelConfig
-        from .models.files import read_json
         self.path = str(cfg_path)
         self.config = ModelConfig.from_hf(read_json(Path(cfg_path)), self.path)
 
     def _gguf(self, path):
-        from .models.gguf_file import hf_name, open_gguf
         f = open_gguf(path)
         self.path, self.config = str(path), f.config
         self.names = set()
@@ -230,7 +231,6 @@ def adapters_for(linears, others, lora):
 
 def _run_config(config, overrides):
     """A RunConfig from a RunConfig, YAML path or run dict; None if `config` names a model."""
-    from .config import RunConfig, load_config, parse_config
     if isinstance(config, RunConfig):
         return parse_config(config.model_dump(), overrides, "<RunConfig>") if overrides else config
     if _is_model_dict(config):
@@ -248,8 +248,6 @@ def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
     """Resolve `config` (RunConfig, YAML path, run dict, model config dict, config.json path,
     model folder, .gguf file or model name) into PlanInputs. `model` replaces the run's model
     source; the keyword shapes override the run's train/data settings."""
-    from .config import parse_config
-    from .models.load import quant_spec
     run = _run_config(config, overrides)
     if run is None:  # a model alone: the run defaults (QLoRA NF4 + double quant)
         model = config if model is None else model

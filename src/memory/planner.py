@@ -1,12 +1,9 @@
 """The memory plan: bytes per category and the step's peak, from the config alone (no weights)."""
-from .kernels.cpu import blas
-from .kernels.cpu.ops import FUSED_MAX_M, FUSED_MAX_M_BWD
-from .kernels.cpu.tiled import column_align
-from .kernels.cpu.tiled import plan as tile_plan
-from .memory import CATEGORIES
-from .memory_activations import F32, BlockModel
-from .memory_inputs import plan_inputs
-
+from ..kernels import CPU_GEMM_ACCUMULATES, FUSED_MAX_M, FUSED_MAX_M_BWD, column_align, tile_plan
+from ..tracker import CATEGORIES
+from .activations import F32, BlockModel
+from .dense_prices import dense_alternatives
+from .inputs import plan_inputs
 
 # ----------------------------------------------------------------------------- dense scratch
 
@@ -24,7 +21,7 @@ def scratch_need(storage, m, cap, backward):
 
 
 def _rows_bytes(m, n, cap_bytes):
-    """Scratch of adapters/lora.add_product on an (m, n) output: whole rows up to the cap."""
+    """Scratch of kernels.add_product on an (m, n) output: whole rows up to the cap."""
     return min(m, max(1, cap_bytes // (F32 * n))) * n * F32
 
 
@@ -41,7 +38,7 @@ def dense_scratch(inp):
     bm.forward(inp.grad_checkpointing)
     for i in range(inp.model.num_layers if inp.grad_checkpointing else 0):
         bm.recompute(i, i > 0)
-    lora_scratch = inp.device != "cpu" or blas.SGEMM is None  # else BLAS accumulates in place
+    lora_scratch = inp.device != "cpu" or not CPU_GEMM_ACCUMULATES  # else BLAS accumulates in place
     for path, backward in bm.calls:  # LoRA: y += s·xa @ B.T, and dx += gxa @ A
         ad = inp.adapters.get(path)
         if ad is not None and lora_scratch:
@@ -169,7 +166,6 @@ def generation_plan(inp, static):
 
 def plan_from_inputs(inp):
     """The plan dict (see `plan`) for resolved PlanInputs."""
-    from .memory_alternatives import dense_alternatives
     main = _mode_plan(inp, inp.grad_checkpointing)
     other = _mode_plan(inp, not inp.grad_checkpointing)
     on, off = (main, other) if inp.grad_checkpointing else (other, main)

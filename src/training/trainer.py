@@ -4,10 +4,10 @@ import time
 
 import numpy as np
 
-from .autodiff import without_autodiff
+from ..autodiff import without_autodiff
+from ..data import Batches
+from ..errors import TrainingError
 from .checkpoints import find_resume, load_checkpoint, save_checkpoint
-from .data import Batches
-from .errors import TrainingError
 from .metrics import MetricsLog, Progress
 from .optim import AdamW, clip_grad_norm
 from .schedule import Schedule

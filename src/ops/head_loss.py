@@ -1,39 +1,10 @@
 """LM head + cross-entropy fused over row chunks: full [tokens x vocab] logits never exist."""
 import numpy as np
 
+from .. import kernels
 from ..autodiff import Function
-from ..kernels.cpu import takes
 from ..tensor import Tensor
 from .linear import frozen_bwd, frozen_fwd
-
-
-def _ce_forward(xp, z, t, ignore):
-    """(lse (c,), summed nll) of a logits chunk."""
-    if takes(xp, z):
-        from ..kernels.cpu.softmax_ce import ce_rows
-        lse = np.empty(z.shape[0], np.float32)
-        nll = np.empty(z.shape[0], np.float32)
-        ce_rows(z, t.astype(np.int64, copy=False), ignore, lse, nll)
-        return lse, float(nll.sum(dtype=np.float64))
-    m = z.max(axis=1)
-    lse = m + xp.log(xp.exp(z - m[:, None]).sum(axis=1))
-    ok = t != ignore
-    picked = z[xp.arange(z.shape[0]), xp.where(ok, t, 0)]
-    return lse, float(((lse - picked) * ok).sum())
-
-
-def _ce_backward(xp, z, t, ignore, lse, scale):
-    """z <- (softmax(z) - onehot(t)) * scale in place (0 on ignored rows)."""
-    if takes(xp, z):
-        from ..kernels.cpu.softmax_ce import ce_grad_rows
-        ce_grad_rows(z, t.astype(np.int64, copy=False), ignore, lse, np.float32(scale))
-        return z
-    z -= lse[:, None]
-    xp.exp(z, out=z)
-    ok = t != ignore
-    z[xp.arange(z.shape[0]), xp.where(ok, t, 0)] -= 1.0
-    z *= (ok * scale).astype(z.dtype)[:, None]
-    return z
 
 
 class HeadCrossEntropy(Function):
@@ -54,10 +25,10 @@ class HeadCrossEntropy(Function):
             for i in range(0, h.shape[0], chunk):
                 sl = slice(i, i + chunk)
                 z = mem.track(frozen_fwd(h[sl], head, self.device))  # (c, V)
-                lse, part = _ce_forward(xp, z, targets[sl], ignore_index)
+                lse, part = kernels.ce_forward(xp, z, targets[sl], ignore_index)
                 total += part
                 if dh is not None:
-                    dh[sl] = frozen_bwd(_ce_backward(xp, z, targets[sl], ignore_index, lse,
+                    dh[sl] = frozen_bwd(kernels.ce_backward_(xp, z, targets[sl], ignore_index, lse,
                                                      1.0 / count), head, self.device)
                 del z
         self.save(dh)

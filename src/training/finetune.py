@@ -3,13 +3,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .adapters import apply_lora, save_adapter
-from .config import RunConfig, load_config, parse_config
-from .data import build_datasets
-from .device import Device
-from .errors import ConfigError
-from .fileio import write_text
-from .models import load_model
+from ..adapters import apply_lora, save_adapter
+from ..config import resolve_config
+from ..data import build_datasets
+from ..device import Device
+from ..errors import ConfigError
+from ..fileio import write_text
+from ..models import load_model
 from .trainer import train
 
 _RUN_FILES = ("metrics.jsonl", "checkpoints", "adapter_model.safetensors", "run_config.yaml")
@@ -21,16 +21,6 @@ class FinetuneResult:
     history: list
     output_dir: Path
     data_stats: object
-
-
-def resolve_config(config_or_path, overrides=()):
-    if isinstance(config_or_path, RunConfig):
-        if overrides:
-            return parse_config(config_or_path.model_dump(), overrides, "<RunConfig>")
-        return config_or_path
-    if isinstance(config_or_path, dict):
-        return parse_config(config_or_path, overrides)
-    return load_config(config_or_path, overrides)
 
 
 def prepare_output_dir(cfg):

@@ -2,6 +2,9 @@
 import json
 from pathlib import Path
 
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+
 
 class MetricsLog:
     """Appends metric records to output_dir/metrics.jsonl (flushed per line) and keeps them."""
@@ -54,8 +57,6 @@ class Progress:
         self.bar = None
         if not enabled:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress
-        from rich.progress import TextColumn, TimeRemainingColumn
         self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn())
         self.task = self.bar.add_task("train", total=total, completed=start, info="")

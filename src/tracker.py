@@ -1,5 +1,8 @@
-"""Memory tracker: live and peak bytes per category, with an independent process measure."""
+"""Memory tracker: live and peak bytes per category, with an independent process measure.
+
+Imports nothing of packlora: the device owns a tracker, and everything above may use it."""
 import contextlib
+import resource
 import tracemalloc
 import weakref
 
@@ -22,11 +25,12 @@ class MemoryTracker:
 
     Arrays are tracked by the buffer that owns their memory, so views are never counted twice.
     The independent measure is tracemalloc on the CPU (numpy reports its allocations to it) and
-    cupy's memory pool on a GPU.
+    cupy's memory pool on a GPU (`pool`, handed in by the device).
     """
 
-    def __init__(self, kind="cpu"):
+    def __init__(self, kind="cpu", pool=None):
         self.kind = kind
+        self.pool = pool
         self.current = {c: 0 for c in CATEGORIES}
         self.peak = {c: 0 for c in CATEGORIES}
         self.total = 0
@@ -118,9 +122,9 @@ class MemoryTracker:
             if not tracemalloc.is_tracing():
                 return None, None
             return tracemalloc.get_traced_memory()
-        import cupy  # only reached on a CUDA device, where cupy is present
-        pool = cupy.get_default_memory_pool()
-        return pool.used_bytes(), pool.total_bytes()
+        if self.pool is None:
+            return None, None
+        return self.pool.used_bytes(), self.pool.total_bytes()
 
     def snapshot(self):
         """Per-category current and peak bytes, tracked totals and the process measure."""
@@ -138,20 +142,6 @@ class MemoryTracker:
 
 def _rss_peak():
     try:
-        import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    except (ImportError, OSError):
+    except OSError:
         return None
-
-
-# -- planning and measuring (implemented in memory_plan / memory_measure, imported lazily) ------
-def plan(config, overrides=(), **kwargs):
-    """The memory plan of a run from its config alone; see packlora.memory_plan.plan."""
-    from .memory_plan import plan as _plan
-    return _plan(config, overrides, **kwargs)
-
-
-def measure(config, steps=2, overrides=(), **kwargs):
-    """The plan plus `steps` real training steps measured; see packlora.memory_measure.measure."""
-    from .memory_measure import measure as _measure
-    return _measure(config, steps, overrides, **kwargs)

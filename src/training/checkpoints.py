@@ -9,8 +9,11 @@ import re
 import shutil
 from pathlib import Path
 
-from .errors import TrainingError
-from .fileio import _fsync_dir, save_safetensors, write_json
+from safetensors.numpy import load_file
+
+from ..adapters import load_adapter, save_adapter
+from ..errors import TrainingError
+from ..fileio import _fsync_dir, save_safetensors, write_json
 
 STATE, OPTIM = "trainer_state.json", "optimizer.safetensors"
 _STEP_RE = re.compile(r"^step-(\d+)$")
@@ -35,7 +38,6 @@ def list_checkpoints(output_dir):
 
 def save_checkpoint(output_dir, step, model, optimizer, state, keep_last=None):
     """Write checkpoint `step`; drop older ones beyond keep_last. Returns its path."""
-    from .adapters import save_adapter
     root = checkpoint_root(output_dir)
     final = root / f"step-{step}"
     tmp = root / f"step-{step}.tmp"
@@ -79,9 +81,7 @@ def find_resume(output_dir, resume):
 
 def load_checkpoint(path, model, optimizer):
     """Restore adapter weights and optimizer state; returns the trainer state dict."""
-    from safetensors.numpy import load_file
 
-    from .adapters import load_adapter
     path = Path(path)
     load_adapter(model, path)
     try:

@@ -1,7 +1,11 @@
 """`packlora memory-report`: the plan (and measurement) as a table, JSON or a stacked bar chart."""
 import json
 
-from .memory import CATEGORIES
+from rich.console import Console
+from rich.table import Table
+
+from ..tracker import CATEGORIES
+from .planner import plan
 
 _ALT_NAMES = {"whole_model_fp32": "whole base dense, float32",
               "whole_model_bf16": "whole base dense, bfloat16",
@@ -16,14 +20,12 @@ def mib(n):
 def report_dict(config, overrides=(), measure=False, steps=2):
     """The JSON contract: {"run", "plan", "dense_alternatives"[, "measured"]}."""
     if measure:
-        from .memory_measure import measure as run_measure
+        from .measurement import measure as run_measure
         return run_measure(config, steps, overrides)
-    from .memory_plan import plan
     return plan(config, overrides)
 
 
 def _category_table(rep):
-    from rich.table import Table
     plan, meas = rep["plan"], rep.get("measured")
     t = Table(title="memory by category (MiB; per-category peaks)")
     t.add_column("category")
@@ -53,7 +55,6 @@ def _category_table(rep):
 
 
 def _activation_table(rep):
-    from rich.table import Table
     plan = rep["plan"]
     det, ck = plan["activations_detail"], plan["checkpointing"]
     t = Table(title="activations and logits (MiB)")
@@ -74,7 +75,6 @@ def _activation_table(rep):
 
 
 def _alternatives_table(rep):
-    from rich.table import Table
     t = Table(title="the price of dense expansion (MiB)")
     for col in ("the same run, with", "extra", "peak", "× packlora"):
         t.add_column(col, justify="left" if col.startswith("the") else "right")
@@ -86,7 +86,6 @@ def _alternatives_table(rep):
 
 
 def print_report(rep, console=None):
-    from rich.console import Console
     console = console or Console()
     run = rep["run"]
     console.print(f"[bold]{run['model']}[/]  batch {run['batch_size']} × seq {run['seq_len']}, "

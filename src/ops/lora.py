@@ -1,0 +1,85 @@
+"""The LoRA (and DoRA) product on a frozen linear layer, as one fused tape node.
+
+y = base(x) + s * (drop(x) @ A.T) @ B.T            (LoRA)
+y = m / ||W + s*B*A||_row * (W x + s * B A x)      (DoRA; the norm is held constant in backward,
+                                                    as the DoRA paper and PEFT do)
+The base weight is a PackedWeight (never expanded) or a frozen float Tensor.
+"""
+import numpy as np
+
+from .. import kernels
+from ..autodiff import Function
+from ..tensor import Tensor
+from .linear import frozen_bwd, frozen_fwd
+
+
+class LoraMatmul(Function):
+    """Inputs: x (..., K), A (r, K), B (N, r), magnitude (N,) or None, bias (N,) or None."""
+
+    def forward(self, x, a, b, mag, bias, weight=None, scale=1.0, dropout=0.0, norm=None):
+        xp = self.xp
+        lead = x.shape[:-1]
+        x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))  # (M, K)
+        xd, mask = x2, None
+        if dropout > 0.0:
+            mask = (self.device.rng.random(x2.shape, dtype=np.float32) >= dropout)
+            xd = x2 * mask * np.float32(1.0 / (1.0 - dropout))
+        xa = xd @ a.T  # (M, r)
+        y = frozen_fwd(x2, weight, self.device)  # (M, N)
+        kernels.add_product(y, xa * np.float32(scale), b.T, self.device)
+        if mag is not None:
+            factor = mag / norm  # (N,)
+            if self.needs[3]:
+                # W x + s B A x, needed for the magnitude's gradient
+                self.pre = self.device.memory.track(y.copy())
+            y *= factor
+        else:
+            factor = None
+        if bias is not None:
+            y += bias
+        self.weight, self.scale, self.dropout, self.factor = weight, scale, dropout, factor
+        self.norm = norm
+        self.in_dtype = x.dtype
+        self.save(xd if self.needs[1] else None, xa if self.needs[2] else None, a, b, mask)
+        return y.reshape(*lead, y.shape[-1])
+
+    def backward(self, g):
+        xd, xa, a, b, mask = self.saved
+        xp, s = self.xp, self.scale
+        g2 = xp.ascontiguousarray(g.reshape(-1, g.shape[-1]))  # (M, N)
+        dmag = None
+        if self.factor is not None:
+            if self.needs[3]:
+                dmag = (g2 * self.pre).sum(axis=0) / self.norm  # (N,)
+            g2 = g2 * self.factor
+        gxa = g2 @ b  # (M, r)
+        gxa *= np.float32(s)
+        db = (g2.T @ xa) * np.float32(s) if self.needs[2] else None  # (N, r)
+        da = gxa.T @ xd if self.needs[1] else None  # (r, K)
+        dx = None
+        if self.needs[0]:
+            dx = frozen_bwd(g2, self.weight, self.device)  # (M, K)
+            if mask is None:
+                kernels.add_product(dx, gxa, a, self.device)
+            else:
+                dx += (gxa @ a) * mask * np.float32(1.0 / (1.0 - self.dropout))
+            dx = dx.reshape(*g.shape[:-1], dx.shape[-1]).astype(self.in_dtype, copy=False)
+        dbias = g.reshape(-1, g.shape[-1]).sum(axis=0) if self.needs[4] else None
+        return dx, da, db, dmag, dbias
+
+
+def row_norms(weight, a, b, scale, device):
+    """||W + s * B @ A|| per output row (N,), from a packed W decoded in bounded row tiles."""
+    xp = device.xp
+    n, k = weight.shape
+    out = xp.empty(n, dtype=np.float32)
+    if isinstance(weight, Tensor):
+        return xp.linalg.norm(weight.data + scale * (b @ a), axis=1).astype(np.float32)
+    rows = max(1, device.scratch_cap // (4 * k))
+    for n0 in range(0, n, rows):
+        n1 = min(n, n0 + rows)
+        tile = device.scratch((n1 - n0) * k, np.float32).reshape(n1 - n0, k)
+        kernels.dequantize_rows(weight, n0, n1, tile)
+        tile += scale * (b[n0:n1] @ a)
+        out[n0:n1] = xp.sqrt((tile * tile).sum(axis=1))
+    return out
