@@ -88,13 +88,29 @@ def read_adapter(adapter_dir):
             raise ModelError(f"{p}: adapter file not found")
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelError(f"{cfg_path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
     try:
         tensors = load_file(str(w_path))
     except Exception as e:  # safetensors raises its own error types on damaged files
         raise ModelError(f"{w_path}: cannot read adapter weights ({e})") from None
+    for key, value in tensors.items():
+        _check_weights(w_path, key, value)
     return cfg, tensors
+
+
+def _check_weights(path, key, value):
+    """Adapter tensors are floating point and finite; a NaN or Inf would only surface later,
+    deep inside a kernel."""
+    if value.dtype.kind != "f":
+        raise ModelError(f"{path}: tensor {key!r} has dtype {value.dtype}; adapter weights are "
+                         "floating point")
+    bad = int(np.size(value) - np.isfinite(value).sum())
+    if bad:
+        raise ModelError(f"{path}: tensor {key!r} has {bad} NaN or infinite value(s); the "
+                         "adapter is damaged (or was saved from a diverged run)")
 
 
 def _strip(key):

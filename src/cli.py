@@ -2,6 +2,7 @@
 import argparse
 import json
 import sys
+import traceback
 
 from .adapters import load_adapter
 from .device import Device
@@ -74,13 +75,22 @@ def _model_args(p, adapter=True):
 
 def build_parser():
     ap = argparse.ArgumentParser(prog="packlora", description=__doc__)
+    ap.add_argument("--debug", action="store_true",
+                    help="print the full traceback of an unexpected error")
+    debug = argparse.ArgumentParser(add_help=False)  # --debug also after the subcommand
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the full traceback of an unexpected error")
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("finetune", help="fine-tune from a YAML config")
+
+    def add(name, help):
+        return sub.add_parser(name, help=help, parents=[debug])
+
+    p = add("finetune", "fine-tune from a YAML config")
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=_cmd_finetune)
-    p = sub.add_parser("memory-report", help="plan (and measure) the memory of a run")
+    p = add("memory-report", "plan (and measure) the memory of a run")
     p.add_argument("config")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--measure", action="store_true")
@@ -88,7 +98,7 @@ def build_parser():
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", default=None)
     p.set_defaults(fn=_cmd_memory_report)
-    p = sub.add_parser("generate", help="generate text")
+    p = add("generate", "generate text")
     _model_args(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -98,28 +108,28 @@ def build_parser():
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.set_defaults(fn=_cmd_generate)
-    p = sub.add_parser("eval", help="held-out exact match on a chat JSONL file")
+    p = add("eval", "held-out exact match on a chat JSONL file")
     _model_args(p)
     p.add_argument("--data", required=True)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(fn=_cmd_eval)
-    p = sub.add_parser("merge", help="merge an adapter into the base and write an HF folder")
+    p = add("merge", "merge an adapter into the base and write an HF folder")
     p.add_argument("--model", required=True)
     p.add_argument("--adapter", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--quantize", default=None, help="write packed weights in this format")
     p.set_defaults(fn=_cmd_merge)
-    p = sub.add_parser("quantize", help="write a packed model that loads without re-quantizing")
+    p = add("quantize", "write a packed model that loads without re-quantizing")
     p.add_argument("source")
     p.add_argument("out_dir")
     p.add_argument("--format", default="nf4")
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None)
     p.set_defaults(fn=_cmd_quantize)
-    p = sub.add_parser("inspect", help="architecture, parameters, tensor formats, bytes")
+    p = add("inspect", "architecture, parameters, tensor formats, bytes")
     p.add_argument("model")
     p.add_argument("--quant", default=None)
     p.add_argument("--json", action="store_true")
@@ -137,6 +147,13 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("packlora: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # not one of ours: a bug; one line unless --debug
+        if args.debug:
+            traceback.print_exc()
+        where = f" in {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"packlora: internal error{where}: {type(e).__name__}: {e} -- this is a bug, "
+              "please report it (run with --debug for the traceback)", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -218,6 +218,7 @@ class RunConfig(_Section):
     data: DataConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     resume: str | None = None
+    resume_allow: list[str] = []  # settings (key paths, or "data") a resume may find changed
     overwrite: bool = False
     scratch_mib: Int = Field(8, ge=1, le=4096)  # dense scratch cap of the packed kernels
     output_dir: str = Field("runs/run", min_length=1)

@@ -1,6 +1,6 @@
 """packlora.training: the training loop and its parts (optimizer, schedule, checkpoints,
 metrics)."""
-from .finetune import FinetuneResult, finetune
+from .run import FinetuneResult, finetune
 from .trainer import Trainer, train
 
 __all__ = ["FinetuneResult", "Trainer", "finetune", "train"]

@@ -1,9 +1,13 @@
 """Training checkpoints: output_dir/checkpoints/step-N/ with the adapter, optimizer and state.
 
-A checkpoint is written into `step-N.tmp/` (each file atomically) and the folder is renamed to
-`step-N` only when complete, so a crash or a full disk never leaves a half checkpoint behind
-and the previous one stays valid.
+A checkpoint is written into `step-N.tmp/` (each file atomically), its manifest (every file's
+size and SHA-256) last, and the folder is renamed to `step-N` only then. A checkpoint is complete
+when its manifest is there and every file has the size it names; resume verifies the hashes
+before loading anything. Re-saving a step moves the old folder aside first (never deletes it
+in place), so a kill at any instant leaves either the old or the new complete `step-N`, or
+none — and resume then takes the newest complete one, saying which it skipped.
 """
+import hashlib
 import json
 import re
 import shutil
@@ -12,10 +16,12 @@ from pathlib import Path
 from safetensors.numpy import load_file
 
 from ..adapters import load_adapter, save_adapter
+from ..adapters.peft_io import CONFIG, WEIGHTS
 from ..errors import TrainingError
 from ..fileio import _fsync_dir, save_safetensors, write_json
 
-STATE, OPTIM = "trainer_state.json", "optimizer.safetensors"
+STATE, OPTIM, MANIFEST = "trainer_state.json", "optimizer.safetensors", "manifest.json"
+FILES = (WEIGHTS, CONFIG, OPTIM, STATE)
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -23,33 +29,81 @@ def checkpoint_root(output_dir):
     return Path(output_dir) / "checkpoints"
 
 
-def list_checkpoints(output_dir):
-    """Complete checkpoints as (step, path), oldest first."""
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_manifest(path):
+    """The manifest's {file: {bytes, sha256}}, or None if it is missing or unreadable."""
+    try:
+        files = json.loads((path / MANIFEST).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return files if isinstance(files, dict) and set(FILES) <= set(files) else None
+
+
+def incomplete_reason(path):
+    """Why `path` is not a complete checkpoint (None when it is): sizes only, no hashing."""
+    files = _read_manifest(path)
+    if files is None:
+        return f"no valid {MANIFEST} (its write was interrupted)"
+    for name, entry in files.items():
+        p = path / name
+        try:
+            size = p.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != entry.get("bytes"):
+            return f"{name} has {size} bytes, the manifest says {entry.get('bytes')}"
+    return None
+
+
+def verify_checkpoint(path):
+    """TrainingError unless every file of the checkpoint has the manifest's size and hash."""
+    reason = incomplete_reason(path)
+    if reason is None:
+        for name, entry in _read_manifest(path).items():
+            if _sha256(path / name) != entry.get("sha256"):
+                reason = f"{name} does not match its SHA-256 in {MANIFEST} (damaged on disk)"
+                break
+    if reason is not None:
+        raise TrainingError(f"{path}: cannot read checkpoint: {reason}")
+
+
+def _step_dirs(output_dir):
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_RE.match(p.name)
-        if m and p.is_dir() and (p / STATE).is_file():
-            found.append((int(m.group(1)), p))
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := _STEP_RE.match(p.name)) and p.is_dir()]
     return sorted(found)
+
+
+def list_checkpoints(output_dir):
+    """Complete checkpoints as (step, path), oldest first."""
+    return [(s, p) for s, p in _step_dirs(output_dir) if incomplete_reason(p) is None]
 
 
 def save_checkpoint(output_dir, step, model, optimizer, state, keep_last=None):
     """Write checkpoint `step`; drop older ones beyond keep_last. Returns its path."""
     root = checkpoint_root(output_dir)
-    final = root / f"step-{step}"
-    tmp = root / f"step-{step}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    final, tmp, old = (root / f"step-{step}{s}" for s in ("", ".tmp", ".old"))
+    for stale in (tmp, old):
+        if stale.exists():
+            shutil.rmtree(stale)
     tmp.mkdir(parents=True)
     try:
         save_adapter(model, tmp)
         save_safetensors(tmp / OPTIM, optimizer.state_arrays(), metadata={"step": str(optimizer.t)})
         write_json(tmp / STATE, state)
+        write_json(tmp / MANIFEST, {"step": step, "files": {
+            n: {"bytes": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in FILES}})
         if final.exists():
-            shutil.rmtree(final)
+            final.rename(old)
         tmp.rename(final)
         _fsync_dir(root)
     except OSError as e:  # e.g. a full disk: name it, and point at the checkpoint still valid
@@ -60,31 +114,37 @@ def save_checkpoint(output_dir, step, model, optimizer, state, keep_last=None):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    shutil.rmtree(old, ignore_errors=True)
     if keep_last:
-        for _, old in list_checkpoints(output_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        for _, stale in list_checkpoints(output_dir)[:-keep_last]:
+            shutil.rmtree(stale, ignore_errors=True)
     return final
 
 
-def find_resume(output_dir, resume):
-    """The checkpoint folder to resume from: `auto` (newest complete one, or None) or a path."""
+def resume_candidates(output_dir, resume):
+    """Checkpoint folders to try, best first, and notes on the step folders passed over:
+    `auto` gives every step folder newest first (the caller skips unusable ones); a path gives
+    that folder alone. None or '' gives nothing."""
     if resume in (None, "", False):
-        return None
-    if str(resume) == "auto":
-        found = list_checkpoints(output_dir)
-        return found[-1][1] if found else None
-    path = Path(resume)
-    if not (path / STATE).is_file():
-        raise TrainingError(f"resume: {path} is not a complete checkpoint (no {STATE})")
-    return path
+        return [], []
+    if str(resume) != "auto":
+        return [Path(resume)], []
+    notes, out = [], []
+    for step, path in reversed(_step_dirs(output_dir)):
+        reason = incomplete_reason(path)
+        if reason is None:
+            out.append(path)
+        else:
+            notes.append(f"skipped checkpoint {path}: {reason}")
+    return out, notes
 
 
 def load_checkpoint(path, model, optimizer):
-    """Restore adapter weights and optimizer state; returns the trainer state dict."""
-
+    """Verify, then restore adapter weights and optimizer state; returns the trainer state."""
     path = Path(path)
-    load_adapter(model, path)
+    verify_checkpoint(path)
     try:
+        load_adapter(model, path)
         arrays = load_file(str(path / OPTIM))
         state = json.loads((path / STATE).read_text(encoding="utf-8"))
     except Exception as e:  # a damaged file names itself

@@ -7,7 +7,8 @@ import numpy as np
 from ..autodiff import without_autodiff
 from ..data import Batches
 from ..errors import TrainingError
-from .checkpoints import find_resume, load_checkpoint, save_checkpoint
+from .checkpoints import load_checkpoint, resume_candidates, save_checkpoint
+from .fingerprint import check_resume, fingerprint
 from .metrics import MetricsLog, Progress
 from .optim import AdamW, clip_grad_norm
 from .schedule import Schedule
@@ -35,8 +36,12 @@ class Trainer:
     """Runs `cfg` (a TrainConfig) on a model with LoRA adapters applied."""
 
     def __init__(self, model, train_examples, cfg, valid=None, output_dir=None, pad_id=0,
-                 progress=True):
+                 progress=True, run_config=None):
         self.model, self.cfg, self.valid = model, cfg, valid
+        # what resume compares: the whole run's settings when given (else the train section)
+        self.fingerprint = fingerprint(run_config if run_config is not None else cfg,
+                                       train_examples)
+        self.resume_allow = tuple(getattr(run_config, "resume_allow", ()) or ())
         self.output_dir, self.pad_id = output_dir, pad_id
         self.device = model.device
         params = model.trainable()
@@ -55,17 +60,32 @@ class Trainer:
     def state(self):
         return {"step": self.step, "epoch": self.batches.epoch, "total_steps": self.total,
                 "data": self.batches.state_dict(), "rng": self.device.rng_state(),
-                "optimizer_step": self.opt.t, "schedule": self.schedule.state_dict()}
+                "optimizer_step": self.opt.t, "schedule": self.schedule.state_dict(),
+                "fingerprint": self.fingerprint}
 
-    def resume_from(self, resume):
-        path = find_resume(self.output_dir, resume) if self.output_dir else None
-        if path is None:
-            return None
-        state = load_checkpoint(path, self.model, self.opt)
-        self.batches.load_state_dict(state["data"])
-        self.device.set_rng_state(state["rng"])
-        self.step = int(state["step"])
-        return path
+    def resume_from(self, resume, log=print):
+        """Load the checkpoint `resume` names (`auto`: the newest usable one, falling back past
+        damaged or incomplete ones and saying so); returns its path, or None to start fresh."""
+        candidates, notes = resume_candidates(self.output_dir, resume) if self.output_dir \
+            else ([], [])
+        for path in candidates:
+            try:
+                state = load_checkpoint(path, self.model, self.opt)
+            except TrainingError as e:
+                if str(resume) != "auto":
+                    raise
+                notes.append(f"skipped checkpoint {path}: {e}")
+                continue
+            for note in notes:
+                log(note)
+            check_resume(state.get("fingerprint"), self.fingerprint, self.resume_allow, path)
+            self.batches.load_state_dict(state["data"])
+            self.device.set_rng_state(state["rng"])
+            self.step = int(state["step"])
+            return path
+        for note in notes:
+            log(note)
+        return None
 
     # -- one optimizer step -------------------------------------------------------------------
     def train_step(self):
@@ -101,7 +121,7 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------------------
     def run(self, resume=None):
         cfg = self.cfg
-        resumed = self.resume_from(resume)
+        resumed = self.resume_from(resume, log=lambda text: print(f"packlora: {text}", flush=True))
         metrics = MetricsLog(self.output_dir, truncate_after=self.step) if self.output_dir else None
         bar = Progress(self.total, self.step, enabled=self.progress_enabled)
         if resumed:
@@ -146,7 +166,9 @@ def _bar_info(rec):
 
 
 def train(model, train_examples, cfg, valid=None, output_dir=None, resume=None, pad_id=0,
-          progress=True):
-    """Train the model's adapters; returns the per-step records."""
-    trainer = Trainer(model, train_examples, cfg, valid, output_dir, pad_id, progress)
+          progress=True, run_config=None):
+    """Train the model's adapters; returns the per-step records. `run_config` (the whole
+    RunConfig) is what a resume is checked against; without it, the train section."""
+    trainer = Trainer(model, train_examples, cfg, valid, output_dir, pad_id, progress,
+                      run_config)
     return trainer.run(resume)

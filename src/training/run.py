@@ -7,9 +7,10 @@ from ..adapters import apply_lora, save_adapter
 from ..config import resolve_config
 from ..data import build_datasets
 from ..device import Device
-from ..errors import ConfigError
+from ..errors import ConfigError, TrainingError
 from ..fileio import write_text
 from ..models import load_model
+from .checkpoints import list_checkpoints
 from .trainer import train
 
 _RUN_FILES = ("metrics.jsonl", "checkpoints", "adapter_model.safetensors", "run_config.yaml")
@@ -53,6 +54,12 @@ def finetune(config_or_path, overrides=(), progress=True):
         print(f"packlora: {len(train_ex)} training examples, "
               f"{len(valid_ex) if valid_ex else 0} validation; {stats.as_dict()}", flush=True)
     history = train(model, train_ex, cfg.train, valid_ex, out, cfg.resume,
-                    model.tokenizer.pad_token_id, progress)
-    save_adapter(model, out)
+                    model.tokenizer.pad_token_id, progress, cfg)
+    try:
+        save_adapter(model, out)
+    except OSError as e:  # a full disk, a read-only folder: the checkpoints still hold the run
+        kept = list_checkpoints(out)
+        where = f"; the last checkpoint {kept[-1][1]} holds the trained adapter" if kept else ""
+        raise TrainingError(f"cannot write the adapter to {out}: {e.strerror or e}{where}") \
+            from e
     return FinetuneResult(model, history, out, stats)

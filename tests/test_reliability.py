@@ -1,0 +1,180 @@
+"""What a run promises under faults: incomplete or damaged checkpoints are skipped (saying so),
+a torn metrics line is tolerated, a resume that would continue a different run is refused,
+damaged adapters and full disks are clear errors, and an unexpected error is one line."""
+import errno
+import json
+from pathlib import Path
+
+import model_factory as mf
+import numpy as np
+import pytest
+import packlora.training.run as run_module
+from packlora.adapters import load_adapter
+from packlora.cli import main
+from packlora.device import Device
+from packlora.errors import ModelError, TrainingError
+from packlora.models import load_model
+from packlora.training import finetune
+from packlora.training.checkpoints import MANIFEST, list_checkpoints
+from packlora.training.trainer import Trainer
+from safetensors.numpy import load_file, save_file
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rel")
+    mf.tiny_chat_model(d / "model")
+    rows = [{"messages": [{"role": "user", "content": f"{a}+{b}"},
+                          {"role": "assistant", "content": str(a + b)}]}
+            for a in range(4) for b in range(3)]
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def cfg(d, out, **train):
+    t = {"max_steps": 6, "batch_size": 2, "lr": 5e-3, "warmup_steps": 1, "eval_every": 0,
+         "save_every": 2, "keep_last": 3, "seed": 0}
+    t.update(train)
+    return {"model": str(d / "model"), "quant": {"format": "nf4"},
+            "lora": {"rank": 4, "alpha": 8, "dropout": 0.1, "targets": ["q_proj", "v_proj"]},
+            "data": {"train": str(d / "train.jsonl"), "max_seq_len": 64}, "train": t,
+            "resume": "auto", "output_dir": str(out)}
+
+
+def losses(out):
+    return [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    finetune(cfg(setup, out), progress=False)
+    return out
+
+
+# --- checkpoints ----------------------------------------------------------------------------
+@pytest.mark.parametrize("damage", ["no_manifest", "truncated", "flipped"])
+def test_resume_skips_an_unusable_checkpoint_and_says_so(setup, tmp_path, reference, damage,
+                                                         capsys):
+    out = tmp_path / "run"
+    c = cfg(setup, out)
+    finetune(c, progress=False)
+    step6 = out / "checkpoints" / "step-6"
+    if damage == "no_manifest":
+        (step6 / MANIFEST).unlink()
+    elif damage == "truncated":
+        p = step6 / "optimizer.safetensors"
+        p.write_bytes(p.read_bytes()[:-7])
+    else:  # same size, one byte changed: only the hash sees it
+        p = step6 / "adapter_model.safetensors"
+        raw = bytearray(p.read_bytes())
+        raw[-3] ^= 0xFF
+        p.write_bytes(bytes(raw))
+    assert [s for s, _ in list_checkpoints(out)] == ([2, 4] if damage != "flipped" else
+                                                     [2, 4, 6])
+    (out / "adapter_model.safetensors").unlink()
+    finetune(c, progress=False)  # resumes from step 4 and runs steps 5, 6 again
+    said = capsys.readouterr().out
+    assert "skipped checkpoint" in said and "step-6" in said
+    assert losses(out) == losses(reference)
+    got = load_file(str(out / "adapter_model.safetensors"))
+    want = load_file(str(reference / "adapter_model.safetensors"))
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_a_named_checkpoint_that_is_damaged_is_an_error(setup, tmp_path):
+    out = tmp_path / "run"
+    finetune(cfg(setup, out, max_steps=2), progress=False)
+    step2 = out / "checkpoints" / "step-2"
+    (step2 / MANIFEST).unlink()
+    c = cfg(setup, tmp_path / "other")
+    c["resume"] = str(step2)
+    with pytest.raises(TrainingError, match=r"step-2: cannot read checkpoint: no valid manifest"):
+        finetune(c, progress=False)
+
+
+class _Kill(Exception):
+    pass
+
+
+def test_torn_metrics_line_is_tolerated(setup, tmp_path, reference, monkeypatch):
+    out = tmp_path / "run"
+    real = Trainer.train_step
+
+    def dies_at_5(self):
+        if self.step == 4:
+            raise _Kill
+        return real(self)
+    monkeypatch.setattr(Trainer, "train_step", dies_at_5)
+    with pytest.raises(_Kill):
+        finetune(cfg(setup, out), progress=False)
+    monkeypatch.setattr(Trainer, "train_step", real)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "loss": 0.12')  # a kill in the middle of a line
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:5: .*torn"):
+        finetune(cfg(setup, out), progress=False)
+    assert losses(out) == losses(reference)
+
+
+# --- resume fingerprint ---------------------------------------------------------------------
+def test_resume_refuses_changed_settings_and_data(setup, tmp_path, reference):
+    out = tmp_path / "run"
+    finetune(cfg(setup, out, max_steps=4), progress=False)
+    changed = cfg(setup, out, max_steps=8)
+    changed["lora"]["alpha"] = 16
+    with pytest.raises(TrainingError, match=r"lora.alpha: 8.0 -> 16.0.*train.max_steps: 4 -> 8"
+                                            r".*resume_allow: \[lora.alpha, train.max_steps\]"):
+        finetune(changed, progress=False)
+    data = tmp_path / "more.jsonl"
+    data.write_text(Path(setup / "train.jsonl").read_text() * 2)
+    other = cfg(setup, out, max_steps=4)
+    other["data"]["train"] = str(data)
+    with pytest.raises(TrainingError, match=r"data.train: .* the training data: 12 examples"):
+        finetune(other, progress=False)
+    longer = cfg(setup, out, max_steps=6)
+    longer["resume_allow"] = ["train.max_steps"]
+    res = finetune(longer, progress=False)
+    assert [r["step"] for r in res.history] == [5, 6]
+
+
+# --- damaged adapters, full disks, unexpected errors ---------------------------------------
+def test_adapter_with_nan_names_the_tensor(setup, tmp_path, reference):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text((reference / "adapter_config.json").read_text())
+    tensors = load_file(str(reference / "adapter_model.safetensors"))
+    key = sorted(tensors)[1]
+    tensors[key][0, 0] = np.nan
+    save_file(tensors, str(bad / "adapter_model.safetensors"))
+    with pytest.raises(ModelError, match=rf"tensor '{key}' has 1 NaN or infinite"):
+        load_adapter(load_model(str(setup / "model"), Device.cpu()), bad)
+
+
+def test_full_disk_at_the_final_adapter_keeps_the_checkpoints(setup, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real = run_module.save_adapter
+
+    def full(model, folder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(run_module, "save_adapter", full)
+    with pytest.raises(TrainingError, match=r"cannot write the adapter .*No space left.*step-6"):
+        finetune(cfg(setup, out), progress=False)
+    monkeypatch.setattr(run_module, "save_adapter", real)
+    assert [s for s, _ in list_checkpoints(out)] == [2, 4, 6]
+    finetune(cfg(setup, out), progress=False)  # the retry only writes the adapter
+    assert (out / "adapter_model.safetensors").is_file()
+
+
+def test_unexpected_error_is_one_line_unless_debug(setup, tmp_path, monkeypatch, capsys):
+    def broken(*a, **k):
+        raise ValueError("something internal")
+    monkeypatch.setattr("packlora.cli.finetune", broken)
+    yaml_path = tmp_path / "c.yaml"
+    yaml_path.write_text(json.dumps(cfg(setup, tmp_path / "o")))
+    assert main(["finetune", str(yaml_path)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ValueError: something internal" in err
+    assert "this is a bug" in err and "Traceback" not in err
+    assert main(["finetune", str(yaml_path), "--debug"]) == 3
+    assert "Traceback" in capsys.readouterr().err
