@@ -23,6 +23,10 @@ def atomic_path(path, suffix=""):
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         _fsync_dir(folder)
+    except OSError as e:  # name the file the user knows, not the temp file
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise OSError(e.errno, e.strerror or str(e), path) from e
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -16,6 +16,7 @@ from packlora.errors import ModelError, TrainingError
 from packlora.models import load_model
 from packlora.training import finetune
 from packlora.training.checkpoints import MANIFEST, list_checkpoints
+from packlora.training.metrics import MetricsLog
 from packlora.training.trainer import Trainer
 from safetensors.numpy import load_file, save_file
 
@@ -178,3 +179,27 @@ def test_unexpected_error_is_one_line_unless_debug(setup, tmp_path, monkeypatch,
     assert "this is a bug" in err and "Traceback" not in err
     assert main(["finetune", str(yaml_path), "--debug"]) == 3
     assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("writer", ["metrics", "plot", "run_config"])
+def test_full_disk_in_any_writer_is_one_line_and_keeps_the_checkpoint(setup, tmp_path,
+                                                                       monkeypatch, capsys,
+                                                                       writer):
+    out = tmp_path / "run"
+    yaml_path = tmp_path / "c.yaml"
+    yaml_path.write_text(json.dumps(cfg(setup, out)))
+    assert main(["finetune", str(yaml_path), "--quiet"]) == 0  # a first run: checkpoints exist
+    before = [s for s, _ in list_checkpoints(out)]
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / writer))
+    target = {"metrics": (MetricsLog, "write"), "plot": (MetricsLog, "plot"),
+              "run_config": (run_module, "write_text")}[writer]
+    monkeypatch.setattr(*target, full)
+    longer = cfg(setup, out, max_steps=8)
+    longer["resume_allow"] = ["train.max_steps"]
+    yaml_path.write_text(json.dumps(longer))
+    assert main(["finetune", str(yaml_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err and "Traceback" not in err
+    assert before[-1] in [s for s, _ in list_checkpoints(out)]  # complete, resumable
