@@ -15,8 +15,22 @@ from typing import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as GGML
 
-from . import blockwise, ggml
+from .blockwise import (
+    dequantize_int8,
+    dequantize_table4,
+    quantize_fp4,
+    quantize_int8_codec,
+    quantize_nf4,
+)
 from .codebooks import FP4_CODE, NF4_CODE
+from .ggml import (
+    dequantize_q4_0,
+    dequantize_q4_1,
+    dequantize_q8_0,
+    quantize_q4_0,
+    quantize_q4_1,
+    quantize_q8_0,
+)
 
 FLAT = "flat"            # codes of the row-major flattened tensor + an absmax buffer per block
 GGML_ROWS = "ggml"       # ggml blocks: scales and codes interleaved, blocks never cross a row
@@ -85,18 +99,18 @@ def _ggml(gguf_type, layout, codec):
 
 
 REGISTRY = {f.name: f for f in (
-    _blockwise("nf4", 4, (blockwise.quantize_nf4, blockwise.dequantize_table4),
+    _blockwise("nf4", 4, (quantize_nf4, dequantize_table4),
                double_quant=True, codebook=NF4_CODE),
-    _blockwise("fp4", 4, (blockwise.quantize_fp4, blockwise.dequantize_table4),
+    _blockwise("fp4", 4, (quantize_fp4, dequantize_table4),
                double_quant=True, codebook=FP4_CODE),
-    _blockwise("int8", 8, (blockwise.quantize_int8_codec, blockwise.dequantize_int8),
+    _blockwise("int8", 8, (quantize_int8_codec, dequantize_int8),
                code_dtype=np.dtype(np.int8)),
     _ggml(GGML.Q4_0, BlockLayout(32, 18, 4, codes_at=2, scale_at=0),
-          (ggml.quantize_q4_0, ggml.dequantize_q4_0)),
+          (quantize_q4_0, dequantize_q4_0)),
     _ggml(GGML.Q4_1, BlockLayout(32, 20, 4, codes_at=4, scale_at=0, min_at=2),
-          (ggml.quantize_q4_1, ggml.dequantize_q4_1)),
+          (quantize_q4_1, dequantize_q4_1)),
     _ggml(GGML.Q8_0, BlockLayout(32, 34, 8, codes_at=2, scale_at=0),
-          (ggml.quantize_q8_0, ggml.dequantize_q8_0)),
+          (quantize_q8_0, dequantize_q8_0)),
 )}
 
 FORMATS = tuple(REGISTRY)
