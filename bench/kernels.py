@@ -19,7 +19,7 @@ from numba import get_num_threads
 from packlora import Device
 from packlora.kernels import linear_bwd, linear_fwd
 from packlora.kernels.cpu import ops as cpu_ops
-from packlora.quant import DYNAMIC_MAP, PackedWeight
+from packlora.quant import DYNAMIC_MAP, REGISTRY, PackedWeight
 
 SHAPES = {  # name -> (N, K)
     "smol.q_o": (576, 576), "smol.kv": (192, 576), "smol.up": (1536, 576),
@@ -30,7 +30,7 @@ QUICK_SHAPES = ("smol.q_o", "smol.up", "llama.attn", "llama.up")
 FORMATS = ("nf4", "nf4+dq", "fp4", "int8", "q4_0", "q4_1", "q8_0")
 QUICK_FORMATS = ("nf4", "nf4+dq", "int8", "q4_0", "q8_0")
 MS = (1, 8, 64, 512, 2048)
-GGML_BPB = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+GGML_LAYOUT = {n: f.layout for n, f in REGISTRY.items() if f.gguf_type is not None}
 
 
 def random_packed(fmt, N, K, rng):
@@ -38,14 +38,14 @@ def random_packed(fmt, N, K, rng):
     dq = fmt.endswith("+dq")
     fmt = fmt.removesuffix("+dq")
     numel = N * K
-    if fmt in GGML_BPB:
-        bpb = GGML_BPB[fmt]
-        blocks = rng.integers(0, 256, (N, K // 32, bpb), dtype=np.uint8)
+    if fmt in GGML_LAYOUT:
+        lay = GGML_LAYOUT[fmt]
+        blocks = rng.integers(0, 256, (N, K // lay.elems, lay.nbytes), dtype=np.uint8)
         scale = np.array([0.01, -0.5], np.float16).view(np.uint8)
-        blocks[:, :, 0:2] = scale[0:2]
-        if fmt == "q4_1":
-            blocks[:, :, 2:4] = scale[2:4]
-        return PackedWeight(fmt, (N, K), {"blocks": blocks.reshape(N, -1)}, 32, False)
+        blocks[:, :, lay.scale_at:lay.scale_at + 2] = scale[0:2]
+        if lay.min_at is not None:
+            blocks[:, :, lay.min_at:lay.min_at + 2] = scale[2:4]
+        return PackedWeight(fmt, (N, K), {"blocks": blocks.reshape(N, -1)}, lay.elems, False)
     nb = -(-numel // 64)
     if fmt == "int8":
         codes = rng.integers(-127, 128, numel, dtype=np.int8)

@@ -1,11 +1,22 @@
-"""packlora.quant: quantization formats (NF4, FP4, INT8, GGUF Q4_0/Q4_1/Q8_0) and PackedWeight."""
+"""packlora.quant: the format registry (NF4, FP4, INT8, GGUF Q4_0/Q4_1/Q8_0), numpy reference
+codecs and PackedWeight."""
 from .blockwise import dequantize_absmax
 from .codebooks import DYNAMIC_MAP, FP4_CODE, NF4_CODE
-from .formats import BLOCK_SIZES, FORMATS, bits_per_weight, packed_nbytes
+from .formats import (
+    BLOCK_SIZES,
+    FORMATS,
+    bits_per_weight,
+    buffer_spec,
+    check_buffers,
+    check_format,
+    packed_nbytes,
+)
 from .io import load_packed, save_packed
 from .packed import PackedWeight
 from .quantizer import quantize
+from .registry import BY_GGUF_NAME, GGUF_TYPE_NAMES, REGISTRY, BlockLayout, Format
 
-__all__ = ["BLOCK_SIZES", "DYNAMIC_MAP", "FORMATS", "FP4_CODE", "NF4_CODE", "PackedWeight",
-           "bits_per_weight", "dequantize_absmax", "load_packed", "packed_nbytes", "quantize",
-           "save_packed"]
+__all__ = ["BLOCK_SIZES", "BY_GGUF_NAME", "DYNAMIC_MAP", "FORMATS", "FP4_CODE", "GGUF_TYPE_NAMES",
+           "NF4_CODE", "REGISTRY", "BlockLayout", "Format", "PackedWeight", "bits_per_weight",
+           "buffer_spec", "check_buffers", "check_format", "dequantize_absmax", "load_packed",
+           "packed_nbytes", "quantize", "save_packed"]

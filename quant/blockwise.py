@@ -3,10 +3,11 @@ double quantization of the absmax) and symmetric INT8. Numpy reference quantize 
 import numpy as np
 
 from ..errors import QuantError
-from .codebooks import DYNAMIC_MAP, FP4_CODE, FP4_PIVOTS, FP4_RANK_TO_CODE, NF4_CODE, NF4_PIVOTS
-from .formats import DQ_BLOCK
+from .codebooks import DYNAMIC_MAP, FP4_PIVOTS, FP4_RANK_TO_CODE, NF4_PIVOTS
 
 _F32 = np.float32
+DQ_BLOCK = 256                 # double quantization: blocks of 256 absmax values
+DQ_CODE_SIZE = DYNAMIC_MAP.size  # entries of the 8-bit dynamic map stored with the weight
 CHUNK_ELEMS = 1 << 20  # elements quantized at a time (bounds the temporaries to a few MiB)
 
 
@@ -65,13 +66,13 @@ def _fp4_codes(y):
     return codes
 
 
-def quantize_4bit(flat, fmt, block_size, double_quant, name):
-    """Buffers of an nf4/fp4 weight from a flat float array (any float dtype)."""
+def quantize_4bit(flat, to_codes, block_size, double_quant, name):
+    """Buffers of an nf4/fp4 weight from a flat float array (any float dtype); to_codes maps
+    values scaled into [-1, 1] to 4-bit codes."""
     numel = flat.size
     nblocks = -(-numel // block_size)
     codes = np.empty((numel + 1) // 2, np.uint8)
     absmax = np.empty(nblocks, _F32)
-    to_codes = _nf4_codes if fmt == "nf4" else _fp4_codes
     step = max(block_size, CHUNK_ELEMS // block_size * block_size)
     for start in range(0, numel, step):
         stop = min(start + step, numel)
@@ -148,36 +149,57 @@ def dequantize_absmax(pw):
     """float32 absmax per block of an nf4/fp4/int8 PackedWeight (decodes double quantization).
 
     Works on the buffers' own array module (numpy or cupy)."""
-    b = pw.buffers
+    return absmax_of(pw.buffers, pw.xp, pw.format)
+
+
+def absmax_of(b, xp, fmt):
+    """float32 absmax per block from the buffers b of a `fmt` weight, on the array module xp."""
     if "absmax" in b:
         return b["absmax"]
     if "absmax_q" not in b:
-        raise QuantError(f"{pw.format} weights have no blockwise absmax (GGUF blocks carry "
+        raise QuantError(f"{fmt} weights have no blockwise absmax (GGUF blocks carry "
                          f"fp16 scales inside `blocks`)")
-    xp = pw.xp
     q = b["absmax_q"]
     scale_idx = xp.arange(q.shape[0]) // DQ_BLOCK
     return (b["absmax_code"][q] * b["absmax_scale"][scale_idx]
             + b["absmax_offset"][0]).astype(xp.float32)
 
 
-def dequantize_blockwise(fmt, shape, buffers, absmax, block_size):
-    """float32 array of `shape` from numpy buffers of an nf4/fp4/int8 weight."""
-    numel = int(np.prod(shape))
-    if fmt == "int8":
-        vals = buffers["codes"].astype(_F32)
-        table = None
-    else:
-        packed = buffers["codes"]
-        q = np.empty(packed.size * 2, np.uint8)
-        q[0::2] = packed >> 4
-        q[1::2] = packed & 0x0F
-        table = NF4_CODE if fmt == "nf4" else FP4_CODE
-        vals = table[q[:numel]]
-    scale = absmax if table is not None else absmax / _F32(127)
+def _scaled_blocks(shape, vals, scale, block_size):
+    """float32 array of `shape`: vals (numel,) times the scale of each one's block."""
+    numel = vals.size
     out = np.empty(numel, _F32)
     full = numel // block_size * block_size
     out[:full] = (vals[:full].reshape(-1, block_size) * scale[:full // block_size, None]).ravel()
     if full < numel:
         out[full:] = vals[full:] * scale[-1]
     return out.reshape(shape)
+
+
+# -- the reference codecs of the registry (quant/registry.py), fmt being the format's entry ----
+def quantize_nf4(fmt, array, block_size, double_quant, name):
+    return quantize_4bit(array.reshape(-1), _nf4_codes, block_size, double_quant, name)
+
+
+def quantize_fp4(fmt, array, block_size, double_quant, name):
+    return quantize_4bit(array.reshape(-1), _fp4_codes, block_size, double_quant, name)
+
+
+def quantize_int8_codec(fmt, array, block_size, double_quant, name):
+    return quantize_int8(array.reshape(-1), block_size, name)
+
+
+def dequantize_table4(fmt, buffers, shape, block_size):
+    """nf4 / fp4: 4-bit codes (first element in the high nibble) looked up in fmt.codebook."""
+    numel = int(np.prod(shape))
+    packed = buffers["codes"]
+    q = np.empty(packed.size * 2, np.uint8)
+    q[0::2] = packed >> 4
+    q[1::2] = packed & 0x0F
+    absmax = absmax_of(buffers, np, fmt.name)
+    return _scaled_blocks(shape, fmt.codebook[q[:numel]], absmax, block_size)
+
+
+def dequantize_int8(fmt, buffers, shape, block_size):
+    absmax = absmax_of(buffers, np, fmt.name)
+    return _scaled_blocks(shape, buffers["codes"].astype(_F32), absmax / _F32(127), block_size)

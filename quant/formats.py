@@ -1,20 +1,20 @@
-"""The quantization formats: names, block sizes, exact buffer layouts and their byte counts."""
+"""Checks and sizes of packed weights, read from the format registry: names, block sizes,
+shapes, exact buffer layouts (and a weight's buffers against them) and their byte counts."""
 import math
 
 import numpy as np
 
 from ..errors import QuantError
+from .blockwise import DQ_BLOCK, DQ_CODE_SIZE
+from .registry import BLOCK_SIZES, FLAT, FORMATS, GGUF_FORMATS, REGISTRY
 
-FORMATS = ("nf4", "fp4", "int8", "q4_0", "q4_1", "q8_0")
-FOUR_BIT = ("nf4", "fp4")
-BLOCKWISE = ("nf4", "fp4", "int8")
-GGUF_FORMATS = ("q4_0", "q4_1", "q8_0")
-BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
-DEFAULT_BLOCK_SIZE = {"nf4": 64, "fp4": 64, "int8": 64, "q4_0": 32, "q4_1": 32, "q8_0": 32}
-GGUF_BLOCK = 32
-GGUF_BYTES_PER_BLOCK = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
-DQ_BLOCK = 256       # double quantization: blocks of 256 absmax values
-DQ_CODE_SIZE = 256   # entries of the 8-bit dynamic map stored with the weight
+__all__ = ["BLOCK_SIZES", "DEFAULT_BLOCK_SIZE", "DQ_BLOCK", "DQ_CODE_SIZE", "FORMATS",
+           "GGUF_BYTES_PER_BLOCK", "GGUF_FORMATS", "bits_per_weight", "buffer_spec",
+           "check_buffers", "check_double_quant", "check_format", "check_shape", "packed_nbytes",
+           "resolve_block_size"]
+
+DEFAULT_BLOCK_SIZE = {n: f.default_block_size for n, f in REGISTRY.items()}
+GGUF_BYTES_PER_BLOCK = {n: REGISTRY[n].layout.nbytes for n in GGUF_FORMATS}
 
 
 def _who(name):
@@ -37,19 +37,21 @@ def resolve_block_size(fmt, block_size, name=None):
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
         raise QuantError(f"block_size must be an int for {_who(name)}, got {block_size!r}")
     block_size = int(block_size)
-    if fmt in GGUF_FORMATS:
-        if block_size != GGUF_BLOCK:
-            raise QuantError(f"{fmt} always uses blocks of {GGUF_BLOCK}; got block_size="
-                             f"{block_size} for {_who(name)}")
-    elif block_size not in BLOCK_SIZES:
+    entry = REGISTRY[fmt]
+    if entry.fixed_block:
+        if block_size != entry.default_block_size:
+            raise QuantError(f"{fmt} always uses blocks of {entry.default_block_size}; got "
+                             f"block_size={block_size} for {_who(name)}")
+    elif block_size not in entry.block_sizes:
         raise QuantError(f"block_size {block_size} is not allowed for {fmt} ({_who(name)}); "
-                         f"use one of {', '.join(map(str, BLOCK_SIZES))}")
+                         f"use one of {', '.join(map(str, entry.block_sizes))}")
     return block_size
 
 
 def check_double_quant(fmt, double_quant, name=None):
-    if double_quant and fmt not in FOUR_BIT:
-        raise QuantError(f"double quantization applies to nf4/fp4 only, not {fmt} "
+    if double_quant and not REGISTRY[fmt].double_quant:
+        takes = "/".join(n for n, f in REGISTRY.items() if f.double_quant)
+        raise QuantError(f"double quantization applies to {takes} only, not {fmt} "
                          f"({_who(name)})")
     return bool(double_quant)
 
@@ -64,26 +66,26 @@ def check_shape(fmt, shape, name=None):
         raise QuantError(f"shape {shape} of {_who(name)} has a negative dimension")
     if math.prod(shape) == 0:
         raise QuantError(f"{_who(name)} is empty (shape {shape}); nothing to quantize")
-    if fmt in GGUF_FORMATS:
+    if REGISTRY[fmt].storage != FLAT:
+        elems = REGISTRY[fmt].layout.elems
         if len(shape) != 2:
             raise QuantError(f"{fmt} needs a 2-D (N, K) weight; {_who(name)} has shape {shape}")
-        if shape[1] % GGUF_BLOCK:
-            raise QuantError(f"{fmt} needs a row length K that is a multiple of {GGUF_BLOCK}; "
+        if shape[1] % elems:
+            raise QuantError(f"{fmt} needs a row length K that is a multiple of {elems}; "
                              f"{_who(name)} has shape {shape}")
     return shape
 
 
 def buffer_spec(fmt, shape, block_size, double_quant=False):
     """Exact layout: {buffer name: (numpy dtype, shape)} for a (validated) format and shape."""
-    numel = math.prod(shape)
-    if fmt in GGUF_FORMATS:
+    entry = REGISTRY[fmt]
+    layout = entry.layout
+    if entry.storage != FLAT:
         n, k = shape
-        return {"blocks": (np.dtype(np.uint8), (n, (k // GGUF_BLOCK) * GGUF_BYTES_PER_BLOCK[fmt]))}
+        return {"blocks": (np.dtype(np.uint8), (n, (k // layout.elems) * layout.nbytes))}
+    numel = math.prod(shape)
     nblocks = -(-numel // block_size)
-    if fmt == "int8":
-        return {"codes": (np.dtype(np.int8), (numel,)),
-                "absmax": (np.dtype(np.float32), (nblocks,))}
-    spec = {"codes": (np.dtype(np.uint8), ((numel + 1) // 2,))}
+    spec = {"codes": (entry.code_dtype, (-(-numel * layout.code_bits // 8),))}
     if not double_quant:
         spec["absmax"] = (np.dtype(np.float32), (nblocks,))
         return spec
@@ -92,6 +94,21 @@ def buffer_spec(fmt, shape, block_size, double_quant=False):
     spec["absmax_scale"] = (np.dtype(np.float32), (-(-nblocks // DQ_BLOCK),))
     spec["absmax_offset"] = (np.dtype(np.float32), (1,))
     return spec
+
+
+def check_buffers(fmt, shape, block_size, double_quant, buffers):
+    """QuantError unless `buffers` ({name: numpy or cupy array}) are exactly the layout of
+    buffer_spec: the same names, dtypes and shapes. The one check of a weight's buffers, made by
+    PackedWeight and by both kernel backends before they read raw bytes."""
+    spec = buffer_spec(fmt, shape, block_size, double_quant)
+    if set(spec) != set(buffers):
+        raise QuantError(f"{fmt} weight of shape {shape} needs buffers "
+                         f"{sorted(spec)}, got {sorted(buffers)}")
+    for key, (dtype, want) in spec.items():
+        buf = buffers[key]
+        if np.dtype(buf.dtype) != dtype or tuple(buf.shape) != want:
+            raise QuantError(f"{fmt} buffer {key!r} must be {dtype} {want}, got "
+                             f"{np.dtype(buf.dtype)} {tuple(buf.shape)}")
 
 
 def packed_nbytes(format, shape, block_size=None, double_quant=False):
@@ -109,9 +126,10 @@ def bits_per_weight(format, block_size=None, double_quant=False):
     fmt = check_format(format)
     block_size = resolve_block_size(fmt, block_size)
     check_double_quant(fmt, double_quant)
-    if fmt in GGUF_FORMATS:
-        return GGUF_BYTES_PER_BLOCK[fmt] * 8 / GGUF_BLOCK
-    code_bits = 4.0 if fmt in FOUR_BIT else 8.0
+    layout = REGISTRY[fmt].layout
+    if REGISTRY[fmt].storage != FLAT:
+        return layout.nbytes * 8 / layout.elems
+    code_bits = float(layout.code_bits)
     if double_quant:
         return code_bits + 8.0 / block_size + 32.0 / (block_size * DQ_BLOCK)
     return code_bits + 32.0 / block_size

@@ -1,4 +1,4 @@
-"""GGUF/ggml Q4_0, Q4_1 and Q8_0: row-wise blocks of 32 with fp16 scales, vectorised numpy.
+"""GGUF/ggml Q4_0, Q4_1 and Q8_0 reference codecs: row-wise blocks of 32 with fp16 scales, numpy.
 
 Quantization follows ggml's reference rounding (quantize_row_q*_ref) in float32, so the bytes
 equal gguf.quants.quantize. A q4 block is fp16 d (q4_1: then fp16 m) and 16 bytes holding
@@ -7,7 +7,6 @@ element j in the low nibble and j+16 in the high one; q8_0 is fp16 d and 32 int8
 import numpy as np
 
 from .blockwise import check_finite
-from .formats import GGUF_BLOCK, GGUF_BYTES_PER_BLOCK
 
 _F32 = np.float32
 CHUNK_ELEMS = 1 << 20
@@ -63,44 +62,75 @@ def _q8_0(b):
     return np.concatenate([_fp16_bytes(d), q.view(np.uint8)], axis=-1)
 
 
-_QUANTIZERS = {"q4_0": _q4_0, "q4_1": _q4_1, "q8_0": _q8_0}
-
-
-def quantize_ggml(array, fmt, name):
-    """(N, K) float array -> {"blocks": (N, K//32 * BPB) uint8}."""
+def _quantize_rows(fmt, array, name, encode):
+    """(N, K) float array -> {"blocks": (N, K//B * BPB) uint8}, B and BPB from fmt.layout."""
     n, k = array.shape
-    nb = k // GGUF_BLOCK
-    bpb = GGUF_BYTES_PER_BLOCK[fmt]
+    elems, bpb = fmt.layout.elems, fmt.layout.nbytes
+    nb = k // elems
     out = np.empty((n, nb * bpb), np.uint8)
     rows = max(1, CHUNK_ELEMS // k)
     for r0 in range(0, n, rows):
         x = np.asarray(array[r0:r0 + rows]).astype(_F32)
         check_finite(x, name, r0 * k)
-        blocks = x.reshape(x.shape[0], nb, GGUF_BLOCK)             # (r, nb, 32)
-        out[r0:r0 + rows] = _QUANTIZERS[fmt](blocks).reshape(x.shape[0], nb * bpb)
+        blocks = x.reshape(x.shape[0], nb, elems)                  # (r, nb, B)
+        out[r0:r0 + rows] = encode(blocks).reshape(x.shape[0], nb * bpb)
     return {"blocks": out}
 
 
-def _decode(blocks, fmt):
-    """(r, nb, BPB) uint8 -> (r, nb, 32) float32."""
-    d = _fp16_from(blocks, 0)
-    if fmt == "q8_0":
-        return blocks[..., 2:].view(np.int8).astype(_F32) * d
-    qs = blocks[..., 4:] if fmt == "q4_1" else blocks[..., 2:]
-    q = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=-1)
-    if fmt == "q4_0":
-        return (q.astype(_F32) - _F32(8)) * d
-    return q.astype(_F32) * d + _fp16_from(blocks, 2)
-
-
-def dequantize_ggml(blocks, fmt, shape):
-    """(N, nb*BPB) uint8 blocks -> float32 (N, K)."""
+def _dequantize_rows(fmt, buffers, shape, decode):
+    """{"blocks": (N, nb*BPB) uint8} -> float32 (N, K)."""
     n, k = shape
-    nb = k // GGUF_BLOCK
-    bpb = GGUF_BYTES_PER_BLOCK[fmt]
+    elems, bpb = fmt.layout.elems, fmt.layout.nbytes
     out = np.empty((n, k), _F32)
     rows = max(1, CHUNK_ELEMS // k)
     for r0 in range(0, n, rows):
-        raw = np.asarray(blocks[r0:r0 + rows]).reshape(-1, nb, bpb)
-        out[r0:r0 + rows] = _decode(raw, fmt).reshape(-1, k)
+        raw = np.asarray(buffers["blocks"][r0:r0 + rows]).reshape(-1, k // elems, bpb)
+        out[r0:r0 + rows] = decode(raw, fmt.layout).reshape(-1, k)
     return out
+
+
+def _nibbles(qs):
+    """(..., 16) bytes -> (..., 32) codes: element j in the low nibble, j+16 in the high."""
+    return np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=-1)
+
+
+def _decode_q4_0(blocks, layout):
+    """(r, nb, BPB) uint8 -> (r, nb, 32) float32."""
+    q = _nibbles(blocks[..., layout.codes_at:])
+    return (q.astype(_F32) - _F32(8)) * _fp16_from(blocks, layout.scale_at)
+
+
+def _decode_q4_1(blocks, layout):
+    q = _nibbles(blocks[..., layout.codes_at:])
+    return q.astype(_F32) * _fp16_from(blocks, layout.scale_at) + _fp16_from(blocks,
+                                                                            layout.min_at)
+
+
+def _decode_q8_0(blocks, layout):
+    codes = blocks[..., layout.codes_at:].view(np.int8).astype(_F32)
+    return codes * _fp16_from(blocks, layout.scale_at)
+
+
+# -- the reference codecs of the registry (quant/registry.py), fmt being the format's entry ----
+def quantize_q4_0(fmt, array, block_size, double_quant, name):
+    return _quantize_rows(fmt, array, name, _q4_0)
+
+
+def quantize_q4_1(fmt, array, block_size, double_quant, name):
+    return _quantize_rows(fmt, array, name, _q4_1)
+
+
+def quantize_q8_0(fmt, array, block_size, double_quant, name):
+    return _quantize_rows(fmt, array, name, _q8_0)
+
+
+def dequantize_q4_0(fmt, buffers, shape, block_size):
+    return _dequantize_rows(fmt, buffers, shape, _decode_q4_0)
+
+
+def dequantize_q4_1(fmt, buffers, shape, block_size):
+    return _dequantize_rows(fmt, buffers, shape, _decode_q4_1)
+
+
+def dequantize_q8_0(fmt, buffers, shape, block_size):
+    return _dequantize_rows(fmt, buffers, shape, _decode_q8_0)

@@ -5,16 +5,15 @@ import math
 import numpy as np
 
 from ..errors import QuantError
-from .blockwise import dequantize_absmax, dequantize_blockwise
 from .formats import (
-    GGUF_FORMATS,
     buffer_spec,
+    check_buffers,
     check_double_quant,
     check_format,
     check_shape,
     resolve_block_size,
 )
-from .ggml import dequantize_ggml
+from .registry import BY_GGUF_NAME, GGUF_TYPE_NAMES, REGISTRY
 
 
 def array_module(arr):
@@ -48,15 +47,7 @@ class PackedWeight:
         self._validate()
 
     def _validate(self):
-        spec = buffer_spec(self.format, self.shape, self.block_size, self.double_quant)
-        if set(spec) != set(self.buffers):
-            raise QuantError(f"{self.format} weight of shape {self.shape} needs buffers "
-                             f"{sorted(spec)}, got {sorted(self.buffers)}")
-        for key, (dtype, shape) in spec.items():
-            buf = self.buffers[key]
-            if np.dtype(buf.dtype) != dtype or tuple(buf.shape) != shape:
-                raise QuantError(f"{self.format} buffer {key!r} must be {dtype} {shape}, got "
-                                 f"{np.dtype(buf.dtype)} {tuple(buf.shape)}")
+        check_buffers(self.format, self.shape, self.block_size, self.double_quant, self.buffers)
         modules = {array_module(b).__name__ for b in self.buffers.values()}
         if len(modules) != 1:
             raise QuantError(f"buffers of one PackedWeight live on mixed backends: {modules}")
@@ -66,14 +57,16 @@ class PackedWeight:
     def from_gguf(cls, tensor_type_name, shape, raw):
         """Wrap raw GGUF block bytes (N, nb*BPB) uint8, e.g. a read-only memmap, without copying.
 
-        tensor_type_name: "Q4_0" / "Q4_1" / "Q8_0" (or a GGMLQuantizationType); shape: (N, K).
+        tensor_type_name: a GGUF type name of the registry ("Q4_0", ...) or a
+        GGMLQuantizationType; shape: (N, K).
         """
-        type_name = str(getattr(tensor_type_name, "name", tensor_type_name)).lower()
-        if type_name not in GGUF_FORMATS:
+        entry = BY_GGUF_NAME.get(str(getattr(tensor_type_name, "name", tensor_type_name)).upper())
+        if entry is None:
             raise QuantError(f"GGUF tensor type {tensor_type_name!r} cannot be kept packed; "
-                             f"supported: {', '.join(t.upper() for t in GGUF_FORMATS)}")
+                             f"supported: {', '.join(GGUF_TYPE_NAMES)}")
+        type_name = entry.name
         shape = check_shape(type_name, shape)
-        (dtype, want), = buffer_spec(type_name, shape, 32).values()
+        (dtype, want), = buffer_spec(type_name, shape, entry.default_block_size).values()
         if not isinstance(raw, np.ndarray) or raw.dtype != dtype:
             raise QuantError(f"GGUF {type_name.upper()} data must be a uint8 numpy array, got "
                              f"{type(raw).__name__} {getattr(raw, 'dtype', '')}")
@@ -85,7 +78,7 @@ class PackedWeight:
                 raise QuantError(f"GGUF {type_name.upper()} data of shape {raw.shape} is not "
                                  f"contiguous; cannot view it as {want} without a copy")
             raw = raw.reshape(want)
-        return cls(type_name, shape, {"blocks": raw}, 32)
+        return cls(type_name, shape, {"blocks": raw}, entry.default_block_size)
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -108,10 +101,8 @@ class PackedWeight:
     def dequantize(self):
         """float32 numpy array of `shape` (the test oracle and merge path)."""
         host = {k: to_host(v) for k, v in self.buffers.items()}
-        if self.format in GGUF_FORMATS:
-            return dequantize_ggml(host["blocks"], self.format, self.shape)
-        absmax = to_host(dequantize_absmax(_HostView(self, host)))
-        return dequantize_blockwise(self.format, self.shape, host, absmax, self.block_size)
+        entry = REGISTRY[self.format]
+        return entry.dequantize(entry, host, self.shape, self.block_size)
 
     def to_device(self, dev):
         """This weight with every buffer moved by `dev.xp.asarray`, tracked as base_packed."""
@@ -123,15 +114,8 @@ class PackedWeight:
 
     def __repr__(self):
         dq = ", double_quant" if self.double_quant else ""
-        block = "" if self.format in GGUF_FORMATS else f", block_size={self.block_size}"
+        block = "" if REGISTRY[self.format].fixed_block else f", block_size={self.block_size}"
         return (f"PackedWeight({self.format}, shape={self.shape}{block}{dq}, "
                 f"{self.nbytes / 2**20:.2f} MiB, {self.bits_per_weight:.3f} bits/weight, "
                 f"{self.xp.__name__})")
-
-
-class _HostView:
-    """The attributes dequantize_absmax reads, over host copies of a weight's buffers."""
-
-    def __init__(self, pw, buffers):
-        self.format, self.buffers, self.xp = pw.format, buffers, np
 

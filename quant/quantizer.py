@@ -2,17 +2,9 @@
 import numpy as np
 
 from ..errors import QuantError
-from .blockwise import quantize_4bit, quantize_int8
-from .formats import (
-    FOUR_BIT,
-    GGUF_FORMATS,
-    check_double_quant,
-    check_format,
-    check_shape,
-    resolve_block_size,
-)
-from .ggml import quantize_ggml
+from .formats import check_double_quant, check_format, check_shape, resolve_block_size
 from .packed import PackedWeight, to_host
+from .registry import REGISTRY
 
 
 def _as_float_array(array, name):
@@ -29,20 +21,20 @@ def _as_float_array(array, name):
 
 
 def quantize(array, format, block_size=None, double_quant=False, name=None):
-    """Quantize a float array into `format` ("nf4", "fp4", "int8", "q4_0", "q4_1", "q8_0").
+    """Quantize a float array into `format` (a name of quant.FORMATS: "nf4", "q4_0", ...).
 
     nf4/fp4/int8 take any shape (blocks run over the row-major flattened tensor); the GGUF
-    formats take a 2-D (N, K) weight with K % 32 == 0. Values are rounded to float32 first.
+    formats take a 2-D (N, K) weight with K a multiple of their block (32). Values are rounded
+    to float32 first.
     """
     fmt = check_format(format, name)
     block_size = resolve_block_size(fmt, block_size, name)
     double_quant = check_double_quant(fmt, double_quant, name)
     array = _as_float_array(array, name)
     shape = check_shape(fmt, array.shape, name)
-    if fmt in GGUF_FORMATS:
-        buffers = quantize_ggml(array, fmt, name)
-    elif fmt in FOUR_BIT:
-        buffers = quantize_4bit(array.reshape(-1), fmt, block_size, double_quant, name)
-    else:
-        buffers = quantize_int8(array.reshape(-1), block_size, name)
+    entry = REGISTRY[fmt]
+    if not entry.quantizable:
+        raise QuantError(f"{fmt} weights cannot be made from float weights here "
+                         f"({name or 'tensor'}); load them packed")
+    buffers = entry.quantize(entry, array, block_size, double_quant, name)
     return PackedWeight(fmt, shape, buffers, block_size, double_quant)

@@ -13,8 +13,12 @@ from .generate import generate
 from .inspect_model import inspect_report
 from .memory.report import run_memory_report
 from .models import load_model
+from .quant import FORMATS
 from .training import finetune
 from .training.distributed import World
+
+# The formats --quant takes, the QLoRA default first, as the registry lists them.
+_QUANT_HELP = ", ".join(f"{f} (default)" if f == "nf4" else f for f in (*FORMATS, "none"))
 
 
 def _cmd_finetune(a):
@@ -69,7 +73,7 @@ def _cmd_memory_report(a):
 def _model_args(p, adapter=True):
     p.add_argument("--model", required=True, help="model name, HF folder or .gguf file")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--quant", default=None, help="nf4 (default), fp4, int8, q4_0, q4_1, q8_0, none")
+    p.add_argument("--quant", default=None, help=_QUANT_HELP)
     if adapter:
         p.add_argument("--adapter", default=None, help="PEFT-format adapter folder")
 

@@ -19,9 +19,11 @@ from pydantic import (
 
 from .config_errors import format_errors, section_model, suggest
 from .errors import ConfigError
+from .quant import FORMATS
+from .quant.registry import FIXED_BLOCK
 
-GGUF_FORMATS = ("q4_0", "q4_1", "q8_0")
-GGUF_BLOCK = 32
+# quant.format: a format of the registry, or "none" for float32 base weights.
+FormatName = Literal[(*FORMATS, "none")]
 
 
 def _to_float(value: Any) -> Any:
@@ -55,17 +57,18 @@ class _Section(BaseModel):
 class QuantConfig(_Section):
     """How base weights are stored: a packed format and its block size."""
 
-    format: Literal["nf4", "fp4", "int8", "q4_0", "q4_1", "q8_0", "none"] = "nf4"
+    format: FormatName = "nf4"
     block_size: Int = Field(64, ge=16, le=4096)
     double_quant: bool = True
 
     @model_validator(mode="after")
     def _gguf_block(self) -> QuantConfig:
-        if self.format in GGUF_FORMATS:
-            if "block_size" in self.model_fields_set and self.block_size != GGUF_BLOCK:
-                raise ValueError(f"block_size: {self.format} uses blocks of {GGUF_BLOCK}, "
+        fixed = FIXED_BLOCK.get(self.format)
+        if fixed is not None:
+            if "block_size" in self.model_fields_set and self.block_size != fixed:
+                raise ValueError(f"block_size: {self.format} uses blocks of {fixed}, "
                                  f"got {self.block_size}")
-            self.block_size = GGUF_BLOCK
+            self.block_size = fixed
         elif self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size: must be a power of two, got {self.block_size}")
         return self

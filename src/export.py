@@ -12,8 +12,8 @@ from .errors import ModelError
 from .fileio import atomic_path, write_json
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
+from .quant import REGISTRY, save_packed
 from .quant import quantize as quantize_fn
-from .quant import save_packed
 
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
            "bfloat16": ("BF16", None)}
@@ -126,7 +126,7 @@ def _write_dense(src, names, out, delta, dtype):
 
 def _write_packed(src, names, out, delta, fmt, block_size, double_quant):
     if double_quant is None:
-        double_quant = fmt in ("nf4", "fp4")
+        double_quant = fmt in REGISTRY and REGISTRY[fmt].double_quant
     tensors = {}
     for n in names:
         w = _float_tensor(src, n, delta)

@@ -2,6 +2,7 @@
 import numpy as np
 from numba import njit, prange
 
+from ..format_ids import INT8
 from .simd import DECODE
 from .simd_rows import row_run, simd_span
 
@@ -9,15 +10,14 @@ from .simd_rows import row_run, simd_span
 # get_num_threads() inside a kernel would stop Numba from caching it).
 TILE_CHUNKS = 64
 
-# Format families, as ops.pack_args encodes them in pk[0].
-BNB4, INT8, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 4
-
-# pk = (family, block_size, double_quant, K, u8, i8, f32, absmax_q, absmax_code, absmax_scale,
-#       absmax_offset, pair, tab, shift)
+# pk = (format id (format_ids.py), block_size, double_quant, K, u8, i8, f32, absmax_q,
+#       absmax_code, absmax_scale, absmax_offset, pair, tab, shift, kind, block_bytes,
+#       block_shift)
 #   u8: nf4/fp4 codes or ggml block bytes; i8: int8 codes; f32: absmax (blockwise formats);
 #   pair: (256, 2) float32 nf4/fp4 codebook values of a byte's (high, low) nibbles, for the scalar
 #   decoder; tab: the 16 nf4/fp4 codebook values, for the SIMD one (zeros for the other formats);
-#   shift: log2(block_size / 32).
+#   shift: log2(block_size / 32); kind: the SIMD chunk kind (simd.py); block_bytes: bytes per
+#   ggml block (0 for the flat formats); block_shift: log2(block_size).
 
 
 @njit(inline="always", cache=True)
@@ -57,7 +57,7 @@ def _blockwise_span(pk, start, count, out, o):
     """Flat elements [start, start+count) of an nf4/fp4/int8 weight into out[o:]. Takes the
     whole tuple: unpacking its arrays at the call site, inside the callers' row loops, cost
     ~40 ns per row even where this branch is not taken."""
-    fam, bs, dq, u8, i8, f32, aq, acode, ascale, aoff, pair = (
+    fid, bs, dq, u8, i8, f32, aq, acode, ascale, aoff, pair = (
         pk[0], pk[1], pk[2], pk[4], pk[5], pk[6], pk[7], pk[8], pk[9], pk[10], pk[11])
     end = start + count
     b = start // bs
@@ -66,7 +66,7 @@ def _blockwise_span(pk, start, count, out, o):
         hi = min(end, (b + 1) * bs)
         s = _absmax(dq, f32, aq, acode, ascale, aoff, b)
         p = o + lo - start
-        if fam == BNB4:
+        if fid != INT8:
             _bnb4_segment(u8, pair, s, lo, hi, out, p)
         else:
             s = s / np.float32(127.0)

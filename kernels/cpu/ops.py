@@ -2,9 +2,11 @@
 import numpy as np
 from numba import get_num_threads
 
-from ...errors import QuantError
+from ...quant.registry import FLAT
+from ..format_ids import FORMAT_IDS, checked_format
 from . import gemv
-from .decode import BNB4, INT8, Q4_0, Q4_1, Q8_0, decode_rows_par, decode_tile_par
+from .decode import decode_rows_par, decode_tile_par
+from .simd import LAYOUTS, chunk_kind
 from .fused import fused_bwd, fused_bwd_serial, fused_fwd, fused_fwd_serial
 from .tiled import column_align, tiled_bwd, tiled_fwd
 
@@ -15,7 +17,6 @@ from .tiled import column_align, tiled_bwd, tiled_fwd
 FUSED_MAX_M = 8
 FUSED_MAX_M_BWD = 8
 
-_FAMILY = {"nf4": BNB4, "fp4": BNB4, "int8": INT8, "q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0}
 _U8 = np.zeros(1, np.uint8)
 _I8 = np.zeros(1, np.int8)
 _F32 = np.zeros(1, np.float32)
@@ -24,26 +25,19 @@ _TAB0 = np.zeros(16, np.float32)
 _TABLES = {}
 
 
-def _codebook_tables(fmt):
-    """(pair, tab) of an nf4/fp4 format, built once: pair (256, 2) float32 holds a byte's
+def _codebook_tables(entry):
+    """(pair, tab) of a table format (nf4/fp4), built once: pair (256, 2) float32 holds a byte's
     (high, low) nibble values, tab (16,) the codebook itself."""
-    if fmt not in _TABLES:
-        from ...quant import FP4_CODE, NF4_CODE
-        code = np.asarray(NF4_CODE if fmt == "nf4" else FP4_CODE, dtype=np.float32)
+    if entry.name not in _TABLES:
+        code = np.asarray(entry.codebook, dtype=np.float32)
         byte = np.arange(256)
         pair = np.ascontiguousarray(np.stack([code[byte >> 4], code[byte & 15]], axis=1))
-        _TABLES[fmt] = (pair, np.ascontiguousarray(code))
-    return _TABLES[fmt]
+        _TABLES[entry.name] = (pair, np.ascontiguousarray(code))
+    return _TABLES[entry.name]
 
 
-def _buf(w, name, dtype):
-    if name not in w.buffers:
-        raise QuantError(f"packed {w.format} weight of shape {w.shape} has no buffer {name!r}")
-    arr = w.buffers[name]
-    if arr.dtype != dtype:
-        raise QuantError(f"packed {w.format} buffer {name!r} is {arr.dtype}, "
-                         f"expected {np.dtype(dtype)}")
-    return np.ascontiguousarray(arr).reshape(-1)
+def _flat(w, name):
+    return np.ascontiguousarray(w.buffers[name]).reshape(-1)
 
 
 def pack_args(w):
@@ -60,33 +54,29 @@ def pack_args(w):
 
 
 def _build_args(w):
-    fam = _FAMILY.get(w.format)
-    if fam is None:
-        raise QuantError(f"unknown packed format {w.format!r}; known: {', '.join(_FAMILY)}")
-    if len(w.shape) != 2:
-        raise QuantError(f"packed {w.format} weight has shape {w.shape}; "
-                         "the kernels need 2-D (N, K)")
+    entry = checked_format(w)  # buffers as the registry lays them out
     K = int(w.shape[1])
-    dq = bool(getattr(w, "double_quant", False)) and fam == BNB4
+    dq = bool(getattr(w, "double_quant", False))
     u8, i8, f32, pair, tab = _U8, _I8, _F32, _PAIR0, _TAB0
     aq, acode, ascale, aoff = _U8, _F32, _F32, _F32
-    if fam == BNB4:
-        u8 = _buf(w, "codes", np.uint8)
-        pair, tab = _codebook_tables(w.format)
-    elif fam == INT8:
-        i8 = _buf(w, "codes", np.int8)
+    if entry.storage != FLAT:
+        u8 = _flat(w, "blocks")
+    elif entry.codebook is not None:
+        u8 = _flat(w, "codes")
+        pair, tab = _codebook_tables(entry)
     else:
-        if K % 32:
-            raise QuantError(f"{w.format} weight of shape {w.shape}: K must be a multiple of 32")
-        u8 = _buf(w, "blocks", np.uint8)
+        i8 = _flat(w, "codes")
     if dq:
-        aq, acode = _buf(w, "absmax_q", np.uint8), _buf(w, "absmax_code", np.float32)
-        ascale, aoff = _buf(w, "absmax_scale", np.float32), _buf(w, "absmax_offset", np.float32)
-    elif fam <= INT8:
-        f32 = _buf(w, "absmax", np.float32)
-    bs = int(w.block_size) if fam <= INT8 else 32
+        aq, acode = _flat(w, "absmax_q"), _flat(w, "absmax_code")
+        ascale, aoff = _flat(w, "absmax_scale"), _flat(w, "absmax_offset")
+    elif entry.storage == FLAT:
+        f32 = _flat(w, "absmax")
+    bs = int(w.block_size) if entry.storage == FLAT else entry.layout.elems
     shift = max(bs // 32, 1).bit_length() - 1  # chunks of 32 per block, as a shift
-    return (fam, bs, dq, K, u8, i8, f32, aq, acode, ascale, aoff, pair, tab, shift)
+    kind = chunk_kind(entry.name, dq)
+    block_bytes = 0 if entry.storage == FLAT else LAYOUTS[kind].stride
+    return (FORMAT_IDS[entry.name], bs, dq, K, u8, i8, f32, aq, acode, ascale, aoff, pair, tab,
+            shift, kind, block_bytes, bs.bit_length() - 1)
 
 
 def _small_fwd(x, pk, N, out, serial):

@@ -9,9 +9,10 @@ widest units (AVX-512, AVX2, NEON, ...). Three operations walk a run of chunks:
   dot:    returns sum_c,l (s * val(c, l) + m) * v[vo + 32c + l]
   axpy:   v[vo + 32c + l] += a * (s * val(c, l) + m)
 
-Chunk c starts at byte `cb + c * stride` of the weight's codes. The ggml kinds read their fp16
-scale (and the q4_1 min) from the block header right before the chunk; the blockwise kinds read the
-absmax of their block (undoing double quantization). One call covers a whole row span.
+Where chunks sit is chunks.py's model: blocks `stride` bytes apart, each of one or more chunks
+at constant offsets; the ggml kinds read their fp16 scale (and the q4_1 min) from the block
+header, the blockwise kinds the absmax of their block (undoing double quantization). One call
+covers a whole row span. The layouts of the formats' kinds derive from the format registry.
 """
 from llvmlite import binding as llb
 from llvmlite import ir
@@ -19,20 +20,30 @@ from numba import types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
-# Chunk kinds (how 32 consecutive values are stored).
+from .chunks import LANES, flat_layout, ggml_layout
+
+# Chunk kinds (how 32 consecutive values are stored): indices into LAYOUTS.
 Q4_0, Q4_1, Q8_0 = 0, 1, 2  # ggml blocks: fp16 d [, fp16 m], then the codes
 TAB4 = 3    # 16 bytes, value 2i in the high nibble of byte i, 2i+1 in the low; a 16-entry table
 TAB4DQ = 4  # the same with double-quantized absmax
 I8 = 5      # 32 signed bytes, absmax / 127
-KINDS = (Q4_0, Q4_1, Q8_0, TAB4, TAB4DQ, I8)
+LAYOUTS = (ggml_layout("q4_0", "q4_0", "f16"), ggml_layout("q4_1", "q4", "f16_min"),
+           ggml_layout("q8_0", "i8", "f16"), flat_layout("nf4", "tab4", "absmax"),
+           flat_layout("nf4", "tab4", "absmax_dq"), flat_layout("int8", "i8", "absmax_127"))
+KINDS = tuple(range(len(LAYOUTS)))
+# The chunk kind each format of the registry is walked as (TAB4 turns TAB4DQ with double quant).
+FORMAT_KINDS = {"q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0, "nf4": TAB4, "fp4": TAB4, "int8": I8}
 DECODE, DOT, AXPY = 0, 1, 2
-LANES = 32
 
 _F32, _F16, _I8, _I16, _I32, _I64 = (ir.FloatType(), ir.HalfType(), ir.IntType(8),
                                      ir.IntType(16), ir.IntType(32), ir.IntType(64))
 _VF = ir.VectorType(_F32, LANES)
-_HDR = {Q4_0: 2, Q4_1: 4, Q8_0: 2}  # header bytes before a ggml block's codes
-_STRIDE = {Q4_0: 18, Q4_1: 20, Q8_0: 34, TAB4: 16, TAB4DQ: 16, I8: 32}  # bytes per chunk
+
+
+def chunk_kind(fmt, double_quant):
+    """The chunk kind of a weight of format `fmt` (a registry name)."""
+    kind = FORMAT_KINDS[fmt]
+    return TAB4DQ if kind == TAB4 and double_quant else kind
 
 
 def lookup_variant():
@@ -125,18 +136,18 @@ def _lookup(b, idx, tab, variant):
     return level[0]
 
 
-def _values(b, kind, codes, at, tab, variant):
+def _values(b, values, codes, at, tab, variant):
     """The 32 code values (before scale) of the chunk whose codes start at byte `at`."""
     p = _ptr(b, codes, at, _I8)
-    if kind in (Q8_0, I8):
+    if values == "i8":
         return b.sitofp(_load(b, p, ir.VectorType(_I8, LANES), 1), _VF)
     v16 = ir.VectorType(_I8, 16)
     raw = _load(b, p, v16, 1)
     lo = b.and_(raw, ir.Constant(v16, [15] * 16))
     hi = b.lshr(raw, ir.Constant(v16, [4] * 16))
-    if kind in (Q4_0, Q4_1):  # ggml: value j in the low nibble of byte j, j + 16 in the high one
+    if values in ("q4_0", "q4"):  # ggml: value j in the low nibble of byte j, j + 16 in the high
         q = b.shuffle_vector(lo, hi, _mask(range(32)))
-        if kind == Q4_0:  # q4_0 stores value + 8: subtract in bytes, no min term afterwards
+        if values == "q4_0":  # q4_0 stores value + 8: subtract in bytes, no min term afterwards
             return b.sitofp(b.sub(q, ir.Constant(q.type, [8] * LANES)), _VF)
         return b.uitofp(q, _VF)
     inter = [j // 2 + (0 if j % 2 == 0 else 16) for j in range(32)]  # high nibble first
@@ -153,20 +164,25 @@ def _half(b, data, at):
     return b.fpext(b.bitcast(_load(b, _ptr(b, data, at, _I8), _I16, 1), _F16), _F32)
 
 
-def _scale_min(b, kind, src, head, blk):
+def _at(b, head, offset):
+    return head if offset == 0 else b.add(head, ir.Constant(_I64, offset))
+
+
+def _scale_min(b, lay, src, head, blk):
     """(scale, min) of a chunk: from the ggml header at byte `head`, or block `blk`'s absmax."""
     codes, absmax, aq, acode, ascale, aoff = src
-    if kind == Q4_1:
-        return _half(b, codes, head), _half(b, codes, b.add(head, ir.Constant(_I64, 2)))
-    if kind in (Q4_0, Q8_0):
-        return _half(b, codes, head), ir.Constant(_F32, 0.0)
-    if kind == TAB4DQ:
+    if lay.scale == "f16_min":
+        return _half(b, codes, _at(b, head, lay.scale_at)), _half(b, codes,
+                                                                  _at(b, head, lay.min_at))
+    if lay.scale == "f16":
+        return _half(b, codes, _at(b, head, lay.scale_at)), ir.Constant(_F32, 0.0)
+    if lay.scale == "absmax_dq":
         q = b.zext(_load(b, _ptr(b, aq, blk, _I8), _I8, 1), _I64)
         grp = b.lshr(blk, ir.Constant(_I64, 8))
         s = b.fadd(b.fmul(_loadf(b, acode, q), _loadf(b, ascale, grp)), aoff)
     else:
         s = _loadf(b, absmax, blk)
-    if kind == I8:
+    if lay.scale == "absmax_127":
         s = b.fmul(s, ir.Constant(_F32, 1.0 / 127.0))
     return s, ir.Constant(_F32, 0.0)
 
@@ -175,49 +191,69 @@ def _loadf(b, data, index):
     return _load(b, _ptr(b, data, index, _F32), _F32, 4)
 
 
-def _sources(context, b, pkty, pk, kind):
-    """(codes, absmax, absmax_q, absmax_code, absmax_scale, absmax_offset) of the weight."""
-    arrays = [_member(context, b, pkty, pk, i) for i in (5 if kind == I8 else 4, 6, 7, 8, 9)]
+def _sources(context, b, pkty, pk, lay):
+    """(codes, absmax, absmax_q, absmax_code, absmax_scale, absmax_offset) of the weight; flat
+    int8 codes are the tuple's int8 array, every other kind reads its uint8 one."""
+    codes = 5 if lay.scale == "absmax_127" else 4
+    arrays = [_member(context, b, pkty, pk, i) for i in (codes, 6, 7, 8, 9)]
     aoff = _loadf(b, _member(context, b, pkty, pk, 10), ir.Constant(_I64, 0)) \
-        if kind == TAB4DQ else None
+        if lay.scale == "absmax_dq" else None
     return (*arrays, aoff)
 
 
-def _body(context, b, op, kind, variant, pkty, pk, cb, nch, g0, sh, a, vdata, vo):
-    """The loop over `nch` chunks for one op and chunk kind; returns the dot (0 otherwise)."""
-    src = _sources(context, b, pkty, pk, kind)
+def _check_walkable(lay):
+    """The walker decodes whole-byte-plane chunks with a header or absmax scale; other parts of
+    the model (nibble planes, high bits, sub-scales) come with the formats that need them."""
+    if lay.scale == "sub" or any(c.plane or c.high_at is not None or c.sub_scales
+                                 for c in lay.chunks):
+        raise NotImplementedError(f"the SIMD walker cannot decode {lay} yet")
+
+
+def _op(b, op, lay, vals, sc, mn, a, vp, accp, minp):
+    """One chunk of `op`: decode into, dot with or accumulate into the 32 floats at vp."""
+    if op == DECODE:
+        _store(b, _fma(b, _splat(b, sc), vals, _splat(b, mn)), vp, 4)
+    elif op == DOT:
+        xv = _load(b, vp, _VF, 4)
+        b.store(_fma(b, _splat(b, sc), b.fmul(vals, xv), b.load(accp)), accp)
+        if lay.min_at is not None:  # the min term on a chain of its own
+            b.store(_fma(b, _splat(b, mn), xv, b.load(minp)), minp)
+    else:
+        out = _fma(b, _splat(b, b.fmul(a, sc)), vals, _load(b, vp, _VF, 4))
+        if lay.min_at is not None:
+            out = b.fadd(out, _splat(b, b.fmul(a, mn)))
+        _store(b, out, vp, 4)
+
+
+def _body(context, b, op, lay, variant, pkty, pk, cb, nch, g0, sh, a, vdata, vo):
+    """The loop over the blocks of `nch` chunks (a whole number of blocks) for one op and chunk
+    layout, each block's chunks unrolled at constant offsets; returns the dot (0 otherwise)."""
+    _check_walkable(lay)
+    src = _sources(context, b, pkty, pk, lay)
     table = _load(b, _member(context, b, pkty, pk, 12), ir.VectorType(_F32, 16), 4) \
-        if kind in (TAB4, TAB4DQ) else None
+        if lay.values == "tab4" else None
     zero = ir.Constant(_VF, [0.0] * LANES)
     accp, minp = (cgutils.alloca_once_value(b, zero) for _ in range(2))
-    stride = ir.Constant(_I64, _STRIDE[kind])
-    with cgutils.for_range(b, nch) as loop:
-        c = loop.index
-        head = b.add(cb, b.mul(c, stride))
-        at = b.add(head, ir.Constant(_I64, _HDR.get(kind, 0)))
-        vals = _values(b, kind, src[0], at, table, variant)
-        sc, mn = _scale_min(b, kind, src, head, b.lshr(b.add(g0, c), sh))
-        vp = _ptr(b, vdata, b.add(vo, b.mul(c, ir.Constant(_I64, LANES))), _F32)
-        if op == DECODE:
-            _store(b, _fma(b, _splat(b, sc), vals, _splat(b, mn)), vp, 4)
-        elif op == DOT:
-            xv = _load(b, vp, _VF, 4)
-            b.store(_fma(b, _splat(b, sc), b.fmul(vals, xv), b.load(accp)), accp)
-            if kind == Q4_1:  # the min term on a chain of its own
-                b.store(_fma(b, _splat(b, mn), xv, b.load(minp)), minp)
-        else:
-            out = _fma(b, _splat(b, b.fmul(a, sc)), vals, _load(b, vp, _VF, 4))
-            if kind == Q4_1:
-                out = b.fadd(out, _splat(b, b.fmul(a, mn)))
-            _store(b, out, vp, 4)
+    cpb = len(lay.chunks)
+    nblk = nch if cpb == 1 else b.udiv(nch, ir.Constant(_I64, cpb))
+    stride = ir.Constant(_I64, lay.stride)
+    with cgutils.for_range(b, nblk) as loop:
+        head = b.add(cb, b.mul(loop.index, stride))
+        c0 = loop.index if cpb == 1 else b.mul(loop.index, ir.Constant(_I64, cpb))
+        for j, chunk in enumerate(lay.chunks):
+            c = _at(b, c0, j)
+            vals = _values(b, lay.values, src[0], _at(b, head, chunk.codes_at), table, variant)
+            sc, mn = _scale_min(b, lay, src, head, b.lshr(b.add(g0, c), sh))
+            vp = _ptr(b, vdata, b.add(vo, b.mul(c, ir.Constant(_I64, LANES))), _F32)
+            _op(b, op, lay, vals, sc, mn, a, vp, accp, minp)
     if op == DOT:
         return _hsum(b, b.fadd(b.load(accp), b.load(minp)))
     return ir.Constant(_F32, 0.0)
 
 
-def _emit(variant, op):
+def _emit(variant, op, layouts):
     """Codegen of run(kind, pk, cb, nch, g0, sh, a, v, vo) for `op`: a branch to the loop of the
-    runtime chunk kind."""
+    runtime chunk kind (an index into `layouts`)."""
 
     def codegen(context, b, sig, args):
         kty, pkty, cbt, ncht, g0t, sht, at, vt, vot = sig.args
@@ -227,24 +263,24 @@ def _emit(variant, op):
         a = context.cast(b, a, at, types.float32)
         vdata = context.make_array(vt)(context, b, value=v).data
         res = cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0))
-        for k in KINDS:
+        for k, lay in enumerate(layouts):
             with b.if_then(b.icmp_signed("==", kind, ir.Constant(_I64, k))):
-                b.store(_body(context, b, op, k, variant, pkty, pk, cb, nch, g0, sh, a, vdata,
+                b.store(_body(context, b, op, lay, variant, pkty, pk, cb, nch, g0, sh, a, vdata,
                               vo), res)
         return b.load(res)
 
     return codegen
 
 
-def make_dispatch(op, variant=None):
+def make_dispatch(op, variant=None, layouts=LAYOUTS):
     """A Numba intrinsic run(kind, pk, cb, nch, g0, sh, a, v, vo) -> float32: `op` over `nch`
-    chunks of kind `kind` whose codes start at byte cb of the weight `pk` (decode.py's tuple).
-    Chunk c of a blockwise weight uses absmax block (g0 + c) >> sh. `variant` picks the TAB4
-    lookup (default: the host's best)."""
+    chunks of kind `kind` (layouts[kind], whole blocks of it) whose first block starts at byte cb
+    of the weight `pk` (decode.py's tuple). Chunk c of a blockwise weight uses absmax block
+    (g0 + c) >> sh. `variant` picks the TAB4 lookup (default: the host's best)."""
     variant = variant or lookup_variant()
 
     @intrinsic
     def run(typingctx, kind, pk, cb, nch, g0, sh, a, v, vo):
-        return types.float32(kind, pk, cb, nch, g0, sh, a, v, vo), _emit(variant, op)
+        return types.float32(kind, pk, cb, nch, g0, sh, a, v, vo), _emit(variant, op, layouts)
 
     return run

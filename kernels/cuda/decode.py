@@ -4,13 +4,20 @@ import math
 
 from numba import cuda, float32, int32
 
-# Format ids passed to the kernels (see FORMAT_IDS in ops.py).
-NF4 = 0
-FP4 = 1
-INT8 = 2
-Q4_0 = 3
-Q4_1 = 4
-Q8_0 = 5
+from ...quant import REGISTRY
+from ..format_ids import FP4, INT8, NF4, Q4_0, Q4_1, Q8_0
+
+__all__ = ["FP4", "INT8", "NF4", "Q4_0", "Q4_1", "Q8_0", "decode_run"]
+
+# The ggml layouts the decoders read, as constants of the compiled kernels.
+_Q4_0, _Q4_1, _Q8_0 = (REGISTRY[n].layout for n in ("q4_0", "q4_1", "q8_0"))
+Q4_0_BYTES, Q4_0_CODES = _Q4_0.nbytes, _Q4_0.codes_at
+Q4_1_BYTES, Q4_1_CODES, Q4_1_MIN = _Q4_1.nbytes, _Q4_1.codes_at, _Q4_1.min_at
+Q8_0_BYTES, Q8_0_CODES = _Q8_0.nbytes, _Q8_0.codes_at
+GGML_ELEMS = _Q4_0.elems
+GGML_SHIFT = GGML_ELEMS.bit_length() - 1
+assert GGML_ELEMS == 32 and _Q4_1.elems == _Q8_0.elems == GGML_ELEMS
+assert _Q4_0.scale_at == _Q4_1.scale_at == _Q8_0.scale_at == 0
 
 
 @cuda.jit(device=True, cache=True)
@@ -82,23 +89,23 @@ def decode_run_flat(dst, r, c, dr, dc, cnt, i, fmt, bs, dq, q, absmax, amq, amco
 @cuda.jit(device=True, cache=True)
 def decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
     """q4_0 / q4_1 / q8_0: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
-    bpb = 34 if fmt == Q8_0 else (18 if fmt == Q4_0 else 20)
-    row = n * (kdim >> 5) * bpb
+    bpb = Q8_0_BYTES if fmt == Q8_0 else (Q4_0_BYTES if fmt == Q4_0 else Q4_1_BYTES)
+    row = n * (kdim >> GGML_SHIFT) * bpb
     d = float32(0.0)
     m = float32(0.0)
     base = 0
     for t in range(cnt):
         kk = k + t
-        j = kk & 31
+        j = kk & (GGML_ELEMS - 1)
         if t == 0 or j == 0:
-            base = row + (kk >> 5) * bpb
+            base = row + (kk >> GGML_SHIFT) * bpb
             d = half_to_float(q[base], q[base + 1])
             if fmt == Q4_1:
-                m = half_to_float(q[base + 2], q[base + 3])
+                m = half_to_float(q[base + Q4_1_MIN], q[base + Q4_1_MIN + 1])
         if fmt == Q8_0:
-            v = float32(signed_byte(q[base + 2 + j])) * d
+            v = float32(signed_byte(q[base + Q8_0_CODES + j])) * d
         else:
-            qs = base + bpb - 16
+            qs = base + (Q4_0_CODES if fmt == Q4_0 else Q4_1_CODES)
             if j < 16:
                 v = float32(int32(q[qs + j]) & 15)
             else:

@@ -4,11 +4,9 @@ import numpy as np
 from numba import config, cuda
 
 from ...errors import DeviceError, QuantError
-from .decode import FP4, INT8, NF4, Q4_0, Q4_1, Q8_0
+from ...quant.registry import FLAT
+from ..format_ids import FORMAT_IDS, checked_format
 from .gemm import Tile, gemm_kernel
-
-FORMAT_IDS = {"nf4": NF4, "fp4": FP4, "int8": INT8, "q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0}
-GGUF_BPB = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 
 SIM_TILE = Tile(tm=8, tc=16, tr=16, rm=4, rn=4, seg=8)  # 8 threads: fast in the simulator
 SMALL_M_TILE = Tile(tm=16, tc=64, tr=32, rm=1, rn=4, seg=8)  # 256 threads, M <= 16
@@ -34,15 +32,8 @@ def linear_bwd(dy, w, out=None, *, tile=None):
 
 
 def _weight_shape(w):
-    if w.format not in FORMAT_IDS:
-        raise QuantError(f"packed weight: unknown format {w.format!r}; "
-                         f"expected one of {sorted(FORMAT_IDS)}")
-    if len(w.shape) != 2:
-        raise QuantError(f"packed weight ({w.format}): linear needs a 2-D (N, K) weight, "
-                         f"got shape {tuple(w.shape)}")
+    checked_format(w)  # known format, 2-D, buffers as the registry lays them out
     n, k = (int(s) for s in w.shape)
-    if w.format in GGUF_BPB and k % 32:
-        raise QuantError(f"packed weight ({w.format}): K={k} is not a multiple of 32")
     return n, k
 
 
@@ -123,39 +114,26 @@ def launch(kernel, grid, block, args, result):
 def _weight_args(w, xp):
     """Kernel args after (a, c, bwd): kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale,
     amoff, codebook. Unused slots get tiny placeholder arrays."""
-    n, k = w.shape
-    fmt = w.format
+    entry = checked_format(w)  # the buffers' names, dtypes and shapes
+    k = int(w.shape[1])
+    fid = FORMAT_IDS[entry.name]
     f32, u8 = _placeholders(xp)
-    if fmt in GGUF_BPB:
-        q = _buffer(w, "blocks", (n, (k // 32) * GGUF_BPB[fmt]), np.uint8).reshape(-1)
-        return [k, FORMAT_IDS[fmt], 32, 0, q, f32, u8, f32, f32, f32, f32]
+    if entry.storage != FLAT:
+        q = _contiguous(w, "blocks").reshape(-1)
+        return [k, fid, entry.layout.elems, 0, q, f32, u8, f32, f32, f32, f32]
     bs = int(w.block_size)
-    nblocks = (n * k + bs - 1) // bs
-    if fmt == "int8":
-        q = _buffer(w, "codes", (n * k,), np.int8).view(np.uint8)
-        absmax = _buffer(w, "absmax", (nblocks,), np.float32)
-        return [k, INT8, bs, 0, q, absmax, u8, f32, f32, f32, f32]
-    q = _buffer(w, "codes", ((n * k + 1) // 2,), np.uint8)
-    cb = _codebook(fmt, xp)
+    q = _contiguous(w, "codes").view(np.uint8)
+    cb = f32 if entry.codebook is None else _codebook(entry, xp)
     if not w.double_quant:
-        absmax = _buffer(w, "absmax", (nblocks,), np.float32)
-        return [k, FORMAT_IDS[fmt], bs, 0, q, absmax, u8, f32, f32, f32, cb]
-    amq = _buffer(w, "absmax_q", (nblocks,), np.uint8)
-    amcode = _buffer(w, "absmax_code", (256,), np.float32)
-    amscale = _buffer(w, "absmax_scale", ((nblocks + 255) // 256,), np.float32)
-    amoff = _buffer(w, "absmax_offset", (1,), np.float32)
-    return [k, FORMAT_IDS[fmt], bs, 1, q, f32, amq, amcode, amscale, amoff, cb]
+        return [k, fid, bs, 0, q, _contiguous(w, "absmax"), u8, f32, f32, f32, cb]
+    amq, amcode, amscale, amoff = (_contiguous(w, name) for name in (
+        "absmax_q", "absmax_code", "absmax_scale", "absmax_offset"))
+    return [k, fid, bs, 1, q, f32, amq, amcode, amscale, amoff, cb]
 
 
-def _buffer(w, name, shape, dtype):
-    """w.buffers[name], checked for shape and dtype against the layout contract."""
-    if name not in w.buffers:
-        raise QuantError(f"packed weight ({w.format}, shape {tuple(w.shape)}): "
-                         f"missing buffer {name!r}")
+def _contiguous(w, name):
+    """w.buffers[name] (checked against the registry's layout by checked_format)."""
     b = w.buffers[name]
-    if tuple(b.shape) != shape or b.dtype != dtype:
-        raise QuantError(f"packed weight ({w.format}, shape {tuple(w.shape)}): buffer {name!r} "
-                         f"is {b.dtype} {tuple(b.shape)}, expected {np.dtype(dtype)} {shape}")
     if not b.flags.c_contiguous:
         raise QuantError(f"packed weight ({w.format}): buffer {name!r} is not contiguous")
     return b
@@ -173,11 +151,9 @@ def _placeholders(xp):
     return _PLACEHOLDERS[key]
 
 
-def _codebook(fmt, xp):
-    """The 16-entry float32 codebook of nf4 / fp4 on xp's device."""
-    key = (fmt, xp.__name__)
+def _codebook(entry, xp):
+    """The 16-entry float32 codebook of a table format (nf4 / fp4) on xp's device."""
+    key = (entry.name, xp.__name__)
     if key not in _CODEBOOKS:
-        from ...quant import FP4_CODE, NF4_CODE
-        code = NF4_CODE if fmt == "nf4" else FP4_CODE
-        _CODEBOOKS[key] = xp.asarray(np.asarray(code, dtype=np.float32))
+        _CODEBOOKS[key] = xp.asarray(np.asarray(entry.codebook, dtype=np.float32))
     return _CODEBOOKS[key]

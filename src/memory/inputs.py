@@ -16,11 +16,11 @@ from ..models.files import read_json
 from ..models.gguf_file import hf_name, open_gguf
 from ..models.load import quant_spec
 from ..models.resolve import resolve_source
-from ..quant import packed_nbytes
+from ..quant import BY_GGUF_NAME, packed_nbytes
 
 PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-GGUF_PACKED = ("Q4_0", "Q4_1", "Q8_0")
+GGUF_PACKED = tuple(BY_GGUF_NAME)  # GGUF tensor types load_model keeps packed
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _MODEL_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
 
@@ -136,8 +136,7 @@ class _Header:
                 continue
             kind, shape, _ = f.tensor(name)  # a view of the memory map; nothing is read
             self.names.add(hf)
-            self.kinds[hf] = ({"format": kind.lower(), "block_size": 32, "double_quant": False}
-                              if kind in GGUF_PACKED else "F32", shape)
+            self.kinds[hf] = (_gguf_kind(kind), shape)
 
     def _packed_folder(self, folder, packed_file):
         self._hf_config(folder / "config.json")
@@ -164,6 +163,14 @@ class _Header:
             return Storage(tuple(shape), quant["format"], quant["block_size"],
                            quant["double_quant"])
         return Storage(tuple(shape))
+
+
+def _gguf_kind(type_name):
+    """How a GGUF tensor of this type is held: its registry format, or "F32" (dequantized)."""
+    fmt = BY_GGUF_NAME.get(type_name)
+    if fmt is None:
+        return "F32"
+    return {"format": fmt.name, "block_size": fmt.default_block_size, "double_quant": False}
 
 
 def _safetensors_header(path) -> dict:

@@ -8,9 +8,11 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
 from ..errors import ModelError
+from ..quant import GGUF_TYPE_NAMES
 from .config import ModelConfig
 
-SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
+# Float types are read as arrays; the quantized ones the format registry keeps packed.
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", *GGUF_TYPE_NAMES)
 # ggml tensor names (per block after "blk.N.") <-> Hugging Face names (after "model.layers.N.")
 _BLOCK_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",

@@ -1,20 +1,28 @@
 """load_model: a model name, HF folder, GGUF file or packed folder -> LlamaForCausalLM on a device.
 
 Tensors stream one at a time: each linear weight is quantized as it arrives (unless it is
-already packed, as GGUF Q4_0/Q4_1/Q8_0 tensors are) and its dense copy is dropped before the next.
+already packed, as GGUF tensors of the registry's types are) and its dense copy is dropped
+before the next.
 """
 import numpy as np
 
 from ..device import Device
 from ..errors import ModelError
 from ..nn import Embedding, Linear, PackedLinear, RMSNorm
+from ..quant import REGISTRY
 from ..quant import quantize as quantize_fn
 from ..tensor import Tensor
 from .llama import MLP, Attention, Backbone, DecoderLayer, LlamaForCausalLM
 from .resolve import resolve_source
 from .sources import open_source
 
-DEFAULT_QUANT = {"format": "nf4", "block_size": 64, "double_quant": True}
+DEFAULT_QUANT = {"format": "nf4", "block_size": REGISTRY["nf4"].default_block_size,
+                 "double_quant": True}
+
+
+def _takes_dq(fmt):
+    """Whether the registry's format `fmt` takes double quantization (False if unknown)."""
+    return fmt in REGISTRY and REGISTRY[fmt].double_quant
 
 
 def quant_spec(quant):
@@ -27,12 +35,12 @@ def quant_spec(quant):
         return {"format": None, "block_size": None, "double_quant": False}
     if isinstance(quant, str):
         fmt = quant.lower()
-        return {"format": fmt, "block_size": None, "double_quant": fmt in ("nf4", "fp4")}
+        return {"format": fmt, "block_size": None, "double_quant": _takes_dq(fmt)}
     get = quant.get if isinstance(quant, dict) else (lambda k, d=None: getattr(quant, k, d))
     fmt = get("format", "nf4")
     fmt = None if fmt in (None, "none") else str(fmt).lower()
     return {"format": fmt, "block_size": get("block_size", None),
-            "double_quant": bool(get("double_quant", False)) and fmt in ("nf4", "fp4")}
+            "double_quant": bool(get("double_quant", False)) and _takes_dq(fmt)}
 
 
 class _Builder:

@@ -1,14 +1,15 @@
 """Where model tensors come from: a Hugging Face folder, a GGUF file, or a packed packlora folder.
 
 Each source gives tensors by Hugging Face name, one at a time: a float32 numpy array, or a
-PackedWeight for tensors that are already quantized (GGUF Q4_0/Q4_1/Q8_0, packlora files).
+PackedWeight for tensors that are already quantized (GGUF types of the format registry,
+packlora files).
 """
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ModelError
-from ..quant import PackedWeight, load_packed
+from ..quant import GGUF_TYPE_NAMES, PackedWeight, load_packed
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
 from .files import HFFolder, read_json
@@ -55,7 +56,7 @@ class GGUFSource:
     def get(self, name):
         kind, shape, data = self.file.tensor(gguf_name(name))
         order = self._row_order(name, shape[0])
-        if kind in ("Q4_0", "Q4_1", "Q8_0"):
+        if kind in GGUF_TYPE_NAMES:
             # an owned copy of the packed bytes (a memory map would be invisible to the
             # process memory measure the report cross-checks against)
             raw = np.array(data if order is None else data[order])

@@ -1,0 +1,122 @@
+"""The format registry: one entry per packed format, the single place for what a format is.
+
+An entry holds the format's name, its block layout (elements and bytes per block, where the
+scale, the min, the high bits and the codes sit), its default and allowed block sizes, its GGUF
+type (from the `gguf` package, never retyped), whether it can be quantized from float here and
+whether it takes double quantization, and its numpy reference codec. Validation, byte counts,
+the config's format names, the loaders, the memory planner and both kernel backends read it.
+
+Adding a format: one entry here (appended: the kernels' format ids follow this order), its
+reference codec, its decode routine per kernel backend, and tests.
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType as GGML
+
+from .blockwise import (
+    dequantize_int8,
+    dequantize_table4,
+    quantize_fp4,
+    quantize_int8_codec,
+    quantize_nf4,
+)
+from .codebooks import FP4_CODE, NF4_CODE
+from .ggml import (
+    dequantize_q4_0,
+    dequantize_q4_1,
+    dequantize_q8_0,
+    quantize_q4_0,
+    quantize_q4_1,
+    quantize_q8_0,
+)
+
+FLAT = "flat"            # codes of the row-major flattened tensor + an absmax buffer per block
+GGML_ROWS = "ggml"       # ggml blocks: scales and codes interleaved, blocks never cross a row
+# Block sizes the bitsandbytes-style formats allow (bitsandbytes' own list of block sizes).
+BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where a block's parts sit. Offsets are bytes from the start of a block in the `blocks`
+    buffer (ggml formats); None means the part does not exist or lives in a buffer of its own."""
+
+    elems: int | None          # elements per block; None: the weight's block_size
+    nbytes: int | None         # bytes per block; None: codes and scales in separate buffers
+    code_bits: int             # bits per stored code
+    codes_at: int = 0          # first code byte
+    scale_at: int | None = None      # fp16 scale d
+    min_at: int | None = None        # fp16 min m (x = d*q + m)
+    high_bits_at: int | None = None  # 32 high bits of 5-bit codes (Q5_0 / Q5_1)
+    sub_scales_at: int | None = None  # packed sub-block scales (K-quant super-blocks)
+    sub_elems: int | None = None     # elements per sub-block scale
+
+    def block_bytes(self, block_size):
+        """Bytes of one block of `block_size` elements, scales included when interleaved."""
+        return self.nbytes if self.nbytes is not None else block_size * self.code_bits // 8
+
+
+@dataclass(frozen=True)
+class Format:
+    """One packed format. quantize(fmt, array, block_size, double_quant, name) -> buffers and
+    dequantize(fmt, numpy buffers, shape, block_size) -> float32 array are its numpy reference
+    codec (the test oracle of every kernel)."""
+
+    name: str
+    storage: str               # FLAT or GGML_ROWS
+    layout: BlockLayout
+    default_block_size: int
+    block_sizes: tuple
+    quantize: Callable
+    dequantize: Callable
+    gguf_type: GGML | None = None
+    quantizable: bool = True   # can be made from float weights here
+    double_quant: bool = False  # takes double quantization of its absmax
+    code_dtype: np.dtype = np.dtype(np.uint8)
+    codebook: np.ndarray | None = None  # values of 4-bit codes, for table formats
+
+    @property
+    def gguf_name(self):
+        """The GGUF tensor type name ("Q4_0"), or None for formats GGUF does not have."""
+        return None if self.gguf_type is None else self.gguf_type.name
+
+    @property
+    def fixed_block(self):
+        """Whether the block size is part of the format (ggml) rather than a choice."""
+        return len(self.block_sizes) == 1
+
+
+def _blockwise(name, code_bits, codec, **kw):
+    layout = BlockLayout(elems=None, nbytes=None, code_bits=code_bits)
+    return Format(name, FLAT, layout, 64, BLOCK_SIZES, codec[0], codec[1], **kw)
+
+
+def _ggml(gguf_type, layout, codec):
+    return Format(gguf_type.name.lower(), GGML_ROWS, layout, layout.elems, (layout.elems,),
+                  codec[0], codec[1], gguf_type=gguf_type)
+
+
+REGISTRY = {f.name: f for f in (
+    _blockwise("nf4", 4, (quantize_nf4, dequantize_table4),
+               double_quant=True, codebook=NF4_CODE),
+    _blockwise("fp4", 4, (quantize_fp4, dequantize_table4),
+               double_quant=True, codebook=FP4_CODE),
+    _blockwise("int8", 8, (quantize_int8_codec, dequantize_int8),
+               code_dtype=np.dtype(np.int8)),
+    _ggml(GGML.Q4_0, BlockLayout(32, 18, 4, codes_at=2, scale_at=0),
+          (quantize_q4_0, dequantize_q4_0)),
+    _ggml(GGML.Q4_1, BlockLayout(32, 20, 4, codes_at=4, scale_at=0, min_at=2),
+          (quantize_q4_1, dequantize_q4_1)),
+    _ggml(GGML.Q8_0, BlockLayout(32, 34, 8, codes_at=2, scale_at=0),
+          (quantize_q8_0, dequantize_q8_0)),
+)}
+
+FORMATS = tuple(REGISTRY)
+GGUF_FORMATS = tuple(n for n, f in REGISTRY.items() if f.storage == GGML_ROWS)
+# GGUF tensor type name -> format, for every GGUF type a loader keeps packed.
+BY_GGUF_NAME = {f.gguf_name: f for f in REGISTRY.values() if f.gguf_type is not None}
+GGUF_TYPE_NAMES = tuple(BY_GGUF_NAME)
+DOUBLE_QUANT_FORMATS = tuple(n for n, f in REGISTRY.items() if f.double_quant)
+FIXED_BLOCK = {n: f.default_block_size for n, f in REGISTRY.items() if f.fixed_block}
