@@ -3,19 +3,15 @@ import re
 
 import numpy as np
 
+from ..config_coerce import lora_config
 from ..errors import ConfigError
 from ..lora_targets import matches, pattern_value
 from ..nn import Linear, PackedLinear
 from ..tensor import Tensor
+from .loftq import loftq_init
 from .lora import LoraLinear
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def _cfg_get(cfg, key, default=None):
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
 
 
 def linear_modules(model):
@@ -24,11 +20,10 @@ def linear_modules(model):
 
 
 def select_targets(model, cfg):
-    """Paths of the linear layers the config targets; unknown names are a ConfigError."""
-    targets = _cfg_get(cfg, "targets", ["q_proj", "v_proj"])
-    layers = _cfg_get(cfg, "layers")
-    if isinstance(layers, int):  # PEFT's layers_to_transform may be a single index
-        layers = [layers]
+    """Paths of the linear layers the config (a LoraConfig or a dict of its fields) targets;
+    unknown names are a ConfigError."""
+    cfg = lora_config(cfg)
+    targets, layers = cfg.targets, cfg.layers
     found = []
     for path, _ in linear_modules(model):
         if not matches(path, targets):
@@ -62,22 +57,21 @@ def _init_adapter(layer, init, device):
 
 def apply_lora(model, cfg):
     """Wrap the targeted linear layers of `model` in LoRA/DoRA adapters; freeze everything else.
-    `cfg` is a packlora.LoraConfig (or a dict with its fields). Returns the model."""
+    `cfg` is a packlora.LoraConfig (or a dict with its fields, validated with the defaults of
+    YAML's `lora:` section). Returns the model."""
+    cfg = lora_config(cfg)
     device = model.device
     for _, p in model.named_parameters():
         p.requires_grad = False
-    init = _cfg_get(cfg, "init", "kaiming")
+    init = cfg.init
     paths = select_targets(model, cfg)
     mem = device.memory
     for path in paths:
         base = model.get_module(path)
-        rank = int(pattern_value(path, _cfg_get(cfg, "rank_pattern"), _cfg_get(cfg, "rank", 8)))
-        alpha = float(pattern_value(path, _cfg_get(cfg, "alpha_pattern"),
-                                     _cfg_get(cfg, "alpha", 16)))
-        layer = LoraLinear(base, rank, alpha, _cfg_get(cfg, "dropout", 0.0),
-                           _cfg_get(cfg, "use_rslora", False), _cfg_get(cfg, "use_dora", False))
+        rank = int(pattern_value(path, cfg.rank_pattern, cfg.rank))
+        alpha = float(pattern_value(path, cfg.alpha_pattern, cfg.alpha))
+        layer = LoraLinear(base, rank, alpha, cfg.dropout, cfg.use_rslora, cfg.use_dora)
         if init == "loftq":
-            from .loftq import loftq_init
             a, b = loftq_init(model, path, layer)
         else:
             a, b = _init_adapter(layer, init, device)

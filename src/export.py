@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .adapters.peft_io import _strip, read_adapter
+from .adapters.peft_io import _strip, lora_config_from_peft, read_adapter
+from .config import lora_scale
 from .errors import ModelError
 from .fileio import atomic_path, write_json
+from .lora_targets import pattern_value
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
 from .quant import quantize as quantize_fn
@@ -58,15 +60,13 @@ class _Adapter:
 
     def __init__(self, adapter_dir):
         cfg, tensors = read_adapter(adapter_dir)
-        self.cfg = cfg
         self.w = {_strip(k).removesuffix(".weight"): v for k, v in tensors.items()}
+        self.lora = lora_config_from_peft(cfg, {k.rsplit(".lora_", 1)[0] for k in self.w})
 
     def scale(self, path, rank):
-        alpha = self.cfg.get("lora_alpha", rank)
-        for pat, val in (self.cfg.get("alpha_pattern") or {}).items():
-            if re.search(rf"(^|\.){pat}$", path):
-                alpha = val
-        return alpha / (np.sqrt(rank) if self.cfg.get("use_rslora") else rank)
+        """The scale load_adapter gives this module's adapter (rank: of its stored lora_A)."""
+        alpha = pattern_value(path, self.lora.alpha_pattern, self.lora.alpha)
+        return lora_scale(alpha, rank, self.lora.use_rslora)
 
     def apply(self, path, w):
         a, b = self.w.pop(f"{path}.lora_A", None), self.w.pop(f"{path}.lora_B", None)

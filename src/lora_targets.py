@@ -13,7 +13,10 @@ def matches(path, targets):
 
 
 def pattern_value(path, patterns, default):
-    """The value of the first regex in `patterns` found in `path` (rank/alpha patterns)."""
+    """The value of the first regex in `patterns` (in the dict's order) found in `path`, else
+    `default`: rank_pattern and alpha_pattern follow PEFT's rule, the first pattern that matches
+    wins. (PEFT's own keys are anchored to whole module-name suffixes when an adapter_config is
+    read; see adapters.peft_io.lora_config_from_peft.)"""
     for pattern, value in (patterns or {}).items():
         if re.search(pattern, path):
             return value

@@ -5,6 +5,7 @@ already packed, as GGUF Q4_0/Q4_1/Q8_0 tensors are) and its dense copy is droppe
 """
 import numpy as np
 
+from ..config_coerce import quant_config
 from ..device import Device
 from ..errors import ModelError
 from ..nn import Embedding, Linear, PackedLinear, RMSNorm
@@ -14,25 +15,18 @@ from .llama import MLP, Attention, Backbone, DecoderLayer, LlamaForCausalLM
 from .resolve import resolve_source
 from .sources import open_source
 
-DEFAULT_QUANT = {"format": "nf4", "block_size": 64, "double_quant": True}
+DOUBLE_QUANT_FORMATS = ("nf4", "fp4")  # the formats whose absmax can be double-quantized
 
 
 def quant_spec(quant):
-    """Normalise the `quant` argument: None -> NF4 + double quant (the QLoRA default);
-    "none"/False -> keep float32; a format name; a dict or an object with format/block_size/
-    double_quant attributes. Returns a dict, with format None for float32."""
-    if quant is None:
-        return dict(DEFAULT_QUANT)
-    if quant is False or (isinstance(quant, str) and quant.lower() in ("none", "float32", "fp32")):
-        return {"format": None, "block_size": None, "double_quant": False}
-    if isinstance(quant, str):
-        fmt = quant.lower()
-        return {"format": fmt, "block_size": None, "double_quant": fmt in ("nf4", "fp4")}
-    get = quant.get if isinstance(quant, dict) else (lambda k, d=None: getattr(quant, k, d))
-    fmt = get("format", "nf4")
-    fmt = None if fmt in (None, "none") else str(fmt).lower()
-    return {"format": fmt, "block_size": get("block_size", None),
-            "double_quant": bool(get("double_quant", False)) and fmt in ("nf4", "fp4")}
+    """How load_model packs float linear weights, as a dict {format, block_size, double_quant}
+    (format None: keep float32). `quant` is anything config_coerce.quant_config takes: None
+    (NF4 + double quant, the QLoRA default), "none"/False, a format name, a dict or a
+    QuantConfig; double quantization applies to nf4/fp4 only."""
+    q = quant_config(quant)
+    fmt = None if q.format == "none" else q.format
+    return {"format": fmt, "block_size": q.block_size if fmt else None,
+            "double_quant": bool(q.double_quant) and fmt in DOUBLE_QUANT_FORMATS}
 
 
 class _Builder:
