@@ -9,7 +9,8 @@ from ..config_coerce import lora_config
 from ..errors import ModelError
 from ..fileio import save_safetensors, write_json
 from ..nn import Linear, PackedLinear
-from .inject import _LAYER_RE, apply_lora
+from ..lora_targets import layer_index
+from .inject import apply_lora
 from .lora import LoraLinear
 
 WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
@@ -64,9 +65,7 @@ def _target_modules(model, paths, layers):
     wanted = set(layers) if layers is not None else None
     chosen = set()
     for n in linear:
-        m = _LAYER_RE.search(n)
-        if n.rsplit(".", 1)[-1] in suffixes and (
-                wanted is None or (m is not None and int(m.group(1)) in wanted)):
+        if n.rsplit(".", 1)[-1] in suffixes and (wanted is None or layer_index(n) in wanted):
             chosen.add(n)
     return suffixes if chosen == adapted else sorted(paths)
 

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import json
-import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import RunConfig, load_config, parse_config
 from ..device import DEFAULT_SCRATCH_CAP
-from ..errors import ConfigError, ModelError
-from ..lora_targets import matches, pattern_value
+from ..errors import ModelError
+from ..lora_targets import targets_for
 from ..models.config import ModelConfig
 from ..models.files import read_json
 from ..models.gguf_file import hf_name, open_gguf
@@ -21,7 +20,6 @@ from ..quant import packed_nbytes
 PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 GGUF_PACKED = ("Q4_0", "Q4_1", "Q8_0")
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _MODEL_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
 
 
@@ -49,22 +47,6 @@ class Storage:
 
 
 @dataclass
-class Adapter:
-    """One LoRA/DoRA adapter on a linear layer (out N, in K)."""
-
-    path: str
-    n_out: int
-    n_in: int
-    rank: int
-    dropout: float = 0.0
-    dora: bool = False
-
-    @property
-    def params(self) -> int:
-        return self.rank * (self.n_in + self.n_out) + (self.n_out if self.dora else 0)
-
-
-@dataclass
 class PlanInputs:
     """Everything the planner reads: architecture, storage of each base tensor, adapters, shapes."""
 
@@ -72,7 +54,7 @@ class PlanInputs:
     source: str
     linears: dict  # path -> Storage (frozen base linear weights, incl. lm_head)
     others: dict  # name -> Storage (embedding, norms, biases, an untied head)
-    adapters: dict  # path -> Adapter
+    adapters: dict  # path -> lora_targets.Target
     batch: int
     seq: int
     grad_checkpointing: bool
@@ -205,26 +187,11 @@ def base_tensors(header, quant):
 
 
 def adapters_for(linears, others, lora):
-    """path -> Adapter for the layers the LoRA config targets (the rules of apply_lora)."""
-    paths = list(linears) + (["lm_head"] if "lm_head.weight" in others else [])
-    targets = lora.targets
-    found = {}
-    for path in paths:
-        if not matches(path, targets):
-            continue
-        m = _LAYER_RE.search(path)
-        if lora.layers is not None and (m is None or int(m.group(1)) not in set(lora.layers)):
-            continue
-        shape = others["lm_head.weight"].shape if path == "lm_head" else linears[path].shape
-        rank = int(pattern_value(path, lora.rank_pattern, lora.rank))
-        found[path] = Adapter(path, shape[0], shape[1], rank, lora.dropout, lora.use_dora)
-    if isinstance(targets, list):
-        missing = [t for t in targets if not any(p == t or p.endswith("." + t) for p in found)]
-        if missing:
-            raise ConfigError(f"lora.targets: no module named {missing[0]!r}")
-    if not found:
-        raise ConfigError(f"lora.targets: {targets!r} matched no linear module")
-    return found
+    """path -> Target for the layers the LoRA config targets (the rules of apply_lora)."""
+    modules = [(path, *st.shape) for path, st in linears.items()]
+    if "lm_head.weight" in others:
+        modules.append(("lm_head", *others["lm_head.weight"].shape))
+    return {t.path: t for t in targets_for(modules, lora)}
 
 
 # ----------------------------------------------------------------------------- run configs
