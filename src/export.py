@@ -1,7 +1,6 @@
 """Export a model (optionally with an adapter merged in) as a Hugging Face folder, float or
 packed, streaming one tensor at a time so peak memory stays near one dense layer."""
 import json
-import re
 import struct
 from pathlib import Path
 
@@ -14,12 +13,12 @@ from .fileio import atomic_path, write_json
 from .lora_targets import pattern_value
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
+from .models.tensors import model_tensors
 from .quant import quantize as quantize_fn
 from .quant import save_packed
 
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
            "bfloat16": ("BF16", None)}
-_LINEAR_RE = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$")
 
 
 def _to_dtype(a, dtype):
@@ -127,10 +126,11 @@ def _write_dense(src, names, out, delta, dtype):
 def _write_packed(src, names, out, delta, fmt, block_size, double_quant):
     if double_quant is None:
         double_quant = fmt in ("nf4", "fp4")
+    linear = {t.name for t in model_tensors(src.config, "none") if t.category == "base_packed"}
     tensors = {}
     for n in names:
         w = _float_tensor(src, n, delta)
-        if _LINEAR_RE.search(n):
+        if n in linear:
             w = quantize_fn(w, fmt, block_size=block_size, double_quant=double_quant, name=n)
         tensors[n] = w
     save_packed(out / PACKED_FILE, tensors, {"format": "packlora"})
