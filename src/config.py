@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_origin
@@ -122,10 +123,14 @@ class LoraConfig(_Section):
         return value
 
     def scaling(self, rank: int | None = None, alpha: float | None = None) -> float:
-        """The adapter output scale: alpha/r, or alpha/sqrt(r) with rsLoRA."""
-        r = self.rank if rank is None else rank
-        a = self.alpha if alpha is None else alpha
-        return a / (r ** 0.5) if self.use_rslora else a / r
+        """The adapter output scale for this config (see lora_scale)."""
+        return lora_scale(self.alpha if alpha is None else alpha,
+                          self.rank if rank is None else rank, self.use_rslora)
+
+
+def lora_scale(alpha: float, rank: int, use_rslora: bool = False) -> float:
+    """The LoRA output scale s in y = Wx + s·BAx: alpha/r, or alpha/sqrt(r) with rsLoRA."""
+    return alpha / math.sqrt(rank) if use_rslora else alpha / rank
 
 
 class DataConfig(_Section):

@@ -1,23 +1,24 @@
 """Export a model (optionally with an adapter merged in) as a Hugging Face folder, float or
 packed, streaming one tensor at a time so peak memory stays near one dense layer."""
 import json
-import re
 import struct
 from pathlib import Path
 
 import numpy as np
 
-from .adapters.peft_io import _strip, read_adapter
+from .adapters.peft_io import _strip, lora_config_from_peft, read_adapter
+from .config import lora_scale
 from .errors import ModelError
 from .fileio import atomic_path, write_json
+from .lora_targets import pattern_value
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
+from .models.tensors import model_tensors
 from .quant import REGISTRY, save_packed
 from .quant import quantize as quantize_fn
 
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
            "bfloat16": ("BF16", None)}
-_LINEAR_RE = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$")
 
 
 def _to_dtype(a, dtype):
@@ -58,15 +59,13 @@ class _Adapter:
 
     def __init__(self, adapter_dir):
         cfg, tensors = read_adapter(adapter_dir)
-        self.cfg = cfg
         self.w = {_strip(k).removesuffix(".weight"): v for k, v in tensors.items()}
+        self.lora = lora_config_from_peft(cfg, {k.rsplit(".lora_", 1)[0] for k in self.w})
 
     def scale(self, path, rank):
-        alpha = self.cfg.get("lora_alpha", rank)
-        for pat, val in (self.cfg.get("alpha_pattern") or {}).items():
-            if re.search(rf"(^|\.){pat}$", path):
-                alpha = val
-        return alpha / (np.sqrt(rank) if self.cfg.get("use_rslora") else rank)
+        """The scale load_adapter gives this module's adapter (rank: of its stored lora_A)."""
+        alpha = pattern_value(path, self.lora.alpha_pattern, self.lora.alpha)
+        return lora_scale(alpha, rank, self.lora.use_rslora)
 
     def apply(self, path, w):
         a, b = self.w.pop(f"{path}.lora_A", None), self.w.pop(f"{path}.lora_B", None)
@@ -127,10 +126,11 @@ def _write_dense(src, names, out, delta, dtype):
 def _write_packed(src, names, out, delta, fmt, block_size, double_quant):
     if double_quant is None:
         double_quant = fmt in REGISTRY and REGISTRY[fmt].double_quant
+    linear = {t.name for t in model_tensors(src.config, "none") if t.category == "base_packed"}
     tensors = {}
     for n in names:
         w = _float_tensor(src, n, delta)
-        if _LINEAR_RE.search(n):
+        if n in linear:
             w = quantize_fn(w, fmt, block_size=block_size, double_quant=double_quant, name=n)
         tensors[n] = w
     save_packed(out / PACKED_FILE, tensors, {"format": "packlora"})

@@ -1,5 +1,43 @@
-"""Which linear layers a LoRA config targets (shared by apply_lora and the memory planner)."""
+"""Which linear layers a LoRA config targets, with what rank and alpha: the rules apply_lora and
+the memory planner share, on a plain list of (module path, out, in)."""
+from __future__ import annotations
+
 import re
+from dataclasses import dataclass
+
+from .config import lora_scale
+from .errors import ConfigError
+
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One adapter a LoRA config asks for: on the linear layer `path` (out n_out, in n_in)."""
+
+    path: str
+    n_out: int
+    n_in: int
+    rank: int
+    alpha: float
+    dropout: float = 0.0
+    dora: bool = False
+    rslora: bool = False
+
+    @property
+    def scale(self) -> float:
+        return lora_scale(self.alpha, self.rank, self.rslora)
+
+    @property
+    def params(self) -> int:
+        """Trainable parameters: A (r, in), B (out, r) and, with DoRA, the magnitude (out,)."""
+        return self.rank * (self.n_in + self.n_out) + (self.n_out if self.dora else 0)
+
+
+def layer_index(path) -> int | None:
+    """The decoder block a module path lies in (`model.layers.N.`), or None (e.g. lm_head)."""
+    m = _LAYER_RE.search(path)
+    return None if m is None else int(m.group(1))
 
 
 def matches(path, targets):
@@ -13,8 +51,38 @@ def matches(path, targets):
 
 
 def pattern_value(path, patterns, default):
-    """The value of the first regex in `patterns` found in `path` (rank/alpha patterns)."""
+    """The value of the first regex in `patterns` (in the dict's order) found in `path`, else
+    `default`: rank_pattern and alpha_pattern follow PEFT's rule, the first pattern that matches
+    wins. (PEFT's own keys are anchored to whole module-name suffixes when an adapter_config is
+    read; see adapters.peft_io.lora_config_from_peft.)"""
     for pattern, value in (patterns or {}).items():
         if re.search(pattern, path):
             return value
     return default
+
+
+def targets_for(modules, lora) -> list[Target]:
+    """The adapters a LoraConfig puts on `modules`, [(path, n_out, n_in)] of every linear layer
+    that can carry one, in model order. A listed target no module matches, or a config that
+    matches nothing, is a ConfigError naming the available module names."""
+    wanted = None if lora.layers is None else set(lora.layers)
+    found = []
+    for path, n_out, n_in in modules:
+        if not matches(path, lora.targets):
+            continue
+        if wanted is not None and layer_index(path) not in wanted:
+            continue
+        found.append(Target(path, int(n_out), int(n_in),
+                            int(pattern_value(path, lora.rank_pattern, lora.rank)),
+                            float(pattern_value(path, lora.alpha_pattern, lora.alpha)),
+                            lora.dropout, lora.use_dora, lora.use_rslora))
+    available = ", ".join(sorted({p.rsplit(".", 1)[-1] for p, _, _ in modules}))
+    if isinstance(lora.targets, list):
+        for t in lora.targets:
+            if not any(a.path == t or a.path.endswith("." + t) for a in found):
+                raise ConfigError(f"lora.targets: no module named {t!r}; available linear "
+                                  f"modules: {available}")
+    if not found:
+        raise ConfigError(f"lora.targets: {lora.targets!r} matched no linear module "
+                          f"(available: {available})")
+    return found

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import model_factory as mf
 import numpy as np
-import pytest
 import packlora.training.run as run_module
+import pytest
 from packlora.adapters import load_adapter
 from packlora.cli import main
 from packlora.device import Device

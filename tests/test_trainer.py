@@ -15,8 +15,8 @@ from packlora.data import Example
 from packlora.errors import ConfigError, DataError, TrainingError
 from packlora.models import LlamaForCausalLM, load_model
 from packlora.training.checkpoints import list_checkpoints, load_checkpoint
-from packlora.training.run import finetune
 from packlora.training.optim import AdamW, clip_grad_norm
+from packlora.training.run import finetune
 from packlora.training.schedule import Schedule
 from packlora.training.trainer import Trainer, evaluate
 

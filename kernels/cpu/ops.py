@@ -6,8 +6,8 @@ from ...quant.registry import FLAT
 from ..format_ids import FORMAT_IDS, checked_format
 from . import gemv
 from .decode import decode_rows_par, decode_tile_par
-from .simd import LAYOUTS, chunk_kind
 from .fused import fused_bwd, fused_bwd_serial, fused_fwd, fused_fwd_serial
+from .simd import LAYOUTS, chunk_kind
 from .tiled import column_align, tiled_bwd, tiled_fwd
 
 # Batches up to this many rows use the fused kernels; larger ones decode tiles for BLAS.

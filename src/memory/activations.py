@@ -3,7 +3,8 @@
 A symbolic run of the decoder: every op output is a buffer; a recorded op holds what it saves
 until its backward runs (the tape links ops, not input data). Buffers nobody holds are freed at
 once. Backward walks blocks from the last to the first, so a buffer lives until the
-block of its earliest holder is done. Mirrors src/models/llama.py and the ops it calls:
+block of its earliest holder is done. Follows src/models/llama.py and the ops it calls
+(tests/test_activation_tape.py compares it with a real tape, block by block):
 RMSNorm saves r (rows,); RoPE keeps only the cos/sin tables; Attention saves grouped q, contiguous
 k and v, the output, the row log-sum-exp and the causal mask; LoraMatmul saves x (a view), x·Aᵀ
 and, with dropout, its mask and dropped input; PackedMatmul saves nothing.

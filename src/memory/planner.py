@@ -1,5 +1,6 @@
 """The memory plan: bytes per category and the step's peak, from the config alone (no weights)."""
 from ..kernels import CPU_GEMM_ACCUMULATES, FUSED_MAX_M, FUSED_MAX_M_BWD, column_align, tile_plan
+from ..lora_targets import layer_index
 from ..tracker import CATEGORIES
 from .activations import F32, BlockModel
 from .dense_prices import dense_alternatives
@@ -74,8 +75,8 @@ def _grads_after(inp, i):
     if per is None:
         per = [0] * (inp.model.num_layers + 1)
         for path, ad in inp.adapters.items():
-            layer = int(path.split(".")[2]) if path.startswith("model.") else -1
-            per[layer] += ad.params * F32
+            layer = layer_index(path)
+            per[-1 if layer is None else layer] += ad.params * F32
         inp._grads_per_block = per
     return sum(per[i + 1:])
 

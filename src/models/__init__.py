@@ -1,6 +1,8 @@
 """Llama-family models: architecture config, file readers, the model, and load_model."""
 from .config import ModelConfig
 from .llama import KVCache, LlamaForCausalLM
-from .load import load_model, quant_spec
+from .load import load_model
+from .tensors import TensorSpec, model_tensors, quant_spec
 
-__all__ = ["ModelConfig", "LlamaForCausalLM", "KVCache", "load_model", "quant_spec"]
+__all__ = ["ModelConfig", "LlamaForCausalLM", "KVCache", "load_model", "quant_spec",
+           "TensorSpec", "model_tensors"]

@@ -16,6 +16,7 @@ _NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16"
                  "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
                  "U8": np.uint8, "BOOL": np.bool_}
 _MAX_HEADER = 100 * 1024 * 1024
+SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
 
 def read_json(path: Path) -> dict:
@@ -63,6 +64,11 @@ def _check_entry(path: Path, name: str, entry: dict, data_bytes: int) -> None:
                          f"but the data section has {data_bytes}")
 
 
+def has_weights(folder: Path) -> bool:
+    """Whether a Hugging Face folder holds safetensors weights (one file or a sharded index)."""
+    return (folder / SINGLE_FILE).is_file() or (folder / INDEX_FILE).is_file()
+
+
 def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
     """bfloat16 stored as uint16 -> float32 (the bits become the high half)."""
     return (bits.astype(np.uint32) << 16).view(np.float32)
@@ -103,7 +109,7 @@ class HFFolder:
         return tok
 
     def _find_shards(self) -> dict[str, Path]:
-        single, index = self.path / "model.safetensors", self.path / "model.safetensors.index.json"
+        single, index = self.path / SINGLE_FILE, self.path / INDEX_FILE
         if single.is_file():
             return {name: single for name in self._header(single)[0]}
         if index.is_file():

@@ -1,53 +1,27 @@
 """load_model: a model name, HF folder, GGUF file or packed folder -> LlamaForCausalLM on a device.
 
-Tensors stream one at a time: each linear weight is quantized as it arrives (unless it is
-already packed, as GGUF tensors of the registry's types are) and its dense copy is dropped
-before the next.
+Tensors stream one at a time, in the order models/tensors.py lists them: each linear weight is
+quantized as it arrives (unless it is already packed, as GGUF tensors of the registry's types
+are) and its dense copy is dropped before the next.
 """
 import numpy as np
 
 from ..device import Device
 from ..errors import ModelError
 from ..nn import Embedding, Linear, PackedLinear, RMSNorm
-from ..quant import REGISTRY
 from ..quant import quantize as quantize_fn
 from ..tensor import Tensor
 from .llama import MLP, Attention, Backbone, DecoderLayer, LlamaForCausalLM
 from .resolve import resolve_source
 from .sources import open_source
-
-DEFAULT_QUANT = {"format": "nf4", "block_size": REGISTRY["nf4"].default_block_size,
-                 "double_quant": True}
-
-
-def _takes_dq(fmt):
-    """Whether the registry's format `fmt` takes double quantization (False if unknown)."""
-    return fmt in REGISTRY and REGISTRY[fmt].double_quant
-
-
-def quant_spec(quant):
-    """Normalise the `quant` argument: None -> NF4 + double quant (the QLoRA default);
-    "none"/False -> keep float32; a format name; a dict or an object with format/block_size/
-    double_quant attributes. Returns a dict, with format None for float32."""
-    if quant is None:
-        return dict(DEFAULT_QUANT)
-    if quant is False or (isinstance(quant, str) and quant.lower() in ("none", "float32", "fp32")):
-        return {"format": None, "block_size": None, "double_quant": False}
-    if isinstance(quant, str):
-        fmt = quant.lower()
-        return {"format": fmt, "block_size": None, "double_quant": _takes_dq(fmt)}
-    get = quant.get if isinstance(quant, dict) else (lambda k, d=None: getattr(quant, k, d))
-    fmt = get("format", "nf4")
-    fmt = None if fmt in (None, "none") else str(fmt).lower()
-    return {"format": fmt, "block_size": get("block_size", None),
-            "double_quant": bool(get("double_quant", False)) and _takes_dq(fmt)}
+from .tensors import model_tensors, quant_spec
 
 
 class _Builder:
-    """Pulls tensors from a source by name, checks shapes, packs and places them."""
+    """Pulls tensors from a source by name, checks shapes, packs and places them as listed."""
 
-    def __init__(self, src, device, quant):
-        self.src, self.device, self.quant = src, device, quant
+    def __init__(self, src, device):
+        self.src, self.device = src, device
         self.names = src.names()
         self.mem = device.memory
 
@@ -60,81 +34,62 @@ class _Builder:
                              f"but the model config needs {tuple(shape)}")
         return value
 
-    def param(self, name, shape):
-        value = self._take(name, shape)
-        if hasattr(value, "dequantize"):
-            value = value.dequantize()
-        return Tensor(self.device.xp.asarray(value, dtype=np.float32), self.device)
-
-    def packed_or_dense(self, name, shape, quantize=True):
-        """A PackedWeight on the device, or a float Tensor if quantization is off."""
-        value = self._take(name, shape)
-        fmt = self.quant["format"]
-        if not hasattr(value, "dequantize") and quantize and fmt is not None:
-            value = quantize_fn(value, fmt, block_size=self.quant["block_size"],
-                                double_quant=self.quant["double_quant"], name=name)
-        if hasattr(value, "dequantize"):
-            return value.to_device(self.device)
-        return Tensor(self.device.xp.asarray(value, dtype=np.float32), self.device)
-
-    def linear(self, prefix, n_out, n_in, bias=False):
-        with self.mem.category("base_packed"):
-            w = self.packed_or_dense(f"{prefix}.weight", (n_out, n_in))
-        with self.mem.category("base_other"):
-            b = self.param(f"{prefix}.bias", (n_out,)) if bias else None
-        return Linear(w, b) if isinstance(w, Tensor) else PackedLinear(w, b)
-
-    def norm(self, name, dim, eps):
-        with self.mem.category("base_other"):
-            return RMSNorm(self.param(name, (dim,)), eps)
+    def place(self, spec):
+        """The tensor of `spec` on the device as the spec holds it: a PackedWeight (tracked
+        under the spec's category) or a float32 Tensor."""
+        with self.mem.category(spec.category):
+            value = self._take(spec.name, spec.shape)
+            if spec.packed and not hasattr(value, "dequantize"):
+                value = quantize_fn(value, spec.format, block_size=spec.block_size,
+                                    double_quant=spec.double_quant, name=spec.name)
+            if not spec.packed:
+                value = value.dequantize() if hasattr(value, "dequantize") else value
+                return Tensor(self.device.xp.asarray(value, dtype=np.float32), self.device)
+            value = value.to_device(self.device)
+        for buf in value.buffers.values():  # to_device tracks packed buffers as base_packed
+            self.mem.retag(buf, spec.category)
+        return value
 
 
-def _layer(bd, cfg, i):
-    p = f"model.layers.{i}"
-    d, hd, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    qn = kn = None
-    if cfg.qk_norm:
-        qn = bd.norm(f"{p}.self_attn.q_norm.weight", hd, cfg.rms_norm_eps)
-        kn = bd.norm(f"{p}.self_attn.k_norm.weight", hd, cfg.rms_norm_eps)
-    bias, q_out, kv_out = cfg.attention_bias, cfg.num_heads * hd, cfg.num_kv_heads * hd
-    attn = Attention(cfg,
-                     bd.linear(f"{p}.self_attn.q_proj", q_out, d, bias),
-                     bd.linear(f"{p}.self_attn.k_proj", kv_out, d, bias),
-                     bd.linear(f"{p}.self_attn.v_proj", kv_out, d, bias),
-                     bd.linear(f"{p}.self_attn.o_proj", d, q_out), qn, kn)
-    mlp = MLP(bd.linear(f"{p}.mlp.gate_proj", f, d), bd.linear(f"{p}.mlp.up_proj", f, d),
-              bd.linear(f"{p}.mlp.down_proj", d, f))
-    return DecoderLayer(bd.norm(f"{p}.input_layernorm.weight", d, cfg.rms_norm_eps), attn,
-                        bd.norm(f"{p}.post_attention_layernorm.weight", d, cfg.rms_norm_eps), mlp)
+def _linear(t, prefix):
+    w, b = t[f"{prefix}.weight"], t.get(f"{prefix}.bias")
+    return Linear(w, b) if isinstance(w, Tensor) else PackedLinear(w, b)
+
+
+def _norm(t, name, eps):
+    w = t.get(name)
+    return None if w is None else RMSNorm(w, eps)
+
+
+def _layer(t, cfg, i):
+    p, eps = f"model.layers.{i}", cfg.rms_norm_eps
+    attn = Attention(cfg, *(_linear(t, f"{p}.self_attn.{n}_proj") for n in "qkvo"),
+                     _norm(t, f"{p}.self_attn.q_norm.weight", eps),
+                     _norm(t, f"{p}.self_attn.k_norm.weight", eps))
+    mlp = MLP(*(_linear(t, f"{p}.mlp.{n}_proj") for n in ("gate", "up", "down")))
+    return DecoderLayer(_norm(t, f"{p}.input_layernorm.weight", eps), attn,
+                        _norm(t, f"{p}.post_attention_layernorm.weight", eps), mlp)
 
 
 def load_model(source, device=None, quant=None, with_tokenizer=True):
     """Load a Llama-family model with packed linear layers.
 
     source: a model name (`smollm2-135m-instruct`), a Hugging Face folder, a .gguf file or a
-    folder written by `packlora quantize`. device: a Device (default CPU). quant: see quant_spec.
+    folder written by `packlora quantize`. device: a Device (default CPU). quant: a QuantConfig,
+    a dict of its fields (YAML's defaults fill the rest), a format name, "none", or None (NF4 +
+    double quant); see models.tensors.quant_spec.
     """
     device = Device.parse(device) if device is not None else Device.cpu()
     path = resolve_source(source)
     src = open_source(path)
     cfg = src.config
-    bd = _Builder(src, device, quant_spec(quant))
-    with device.memory.category("base_other"):
-        embed = bd.packed_or_dense("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size),
-                                   quantize=False)
-    layers = [_layer(bd, cfg, i) for i in range(cfg.num_layers)]
-    norm = bd.norm("model.norm.weight", cfg.hidden_size, cfg.rms_norm_eps)
-    lm_head = None
-    if not cfg.tie_word_embeddings and "lm_head.weight" in bd.names:
-        with device.memory.category("base_other"):
-            w = bd.packed_or_dense("lm_head.weight", (cfg.vocab_size, cfg.hidden_size),
-                                   quantize=False)
-        lm_head = Linear(w) if isinstance(w, Tensor) else PackedLinear(w)
+    bd = _Builder(src, device)
+    t = {spec.name: bd.place(spec) for spec in model_tensors(cfg, quant, src.stored_tensors())}
+    layers = [_layer(t, cfg, i) for i in range(cfg.num_layers)]
+    norm = _norm(t, "model.norm.weight", cfg.rms_norm_eps)
+    lm_head = _linear(t, "lm_head") if "lm_head.weight" in t else None
     tok = src.tokenizer if with_tokenizer else None
-    if not isinstance(embed, Tensor):  # a packed table (GGUF Q8_0) is still an embedding
-        for buf in embed.buffers.values():
-            device.memory.retag(buf, "base_other")
-    model = LlamaForCausalLM(cfg, Backbone(Embedding(embed), layers, norm), lm_head, device, tok,
-                             path)
-    model.quant = bd.quant
+    model = LlamaForCausalLM(cfg, Backbone(Embedding(t["model.embed_tokens.weight"]), layers,
+                                           norm), lm_head, device, tok, path)
+    model.quant = quant_spec(quant)
     return model

@@ -2,20 +2,30 @@
 
 Each source gives tensors by Hugging Face name, one at a time: a float32 numpy array, or a
 PackedWeight for tensors that are already quantized (GGUF types of the format registry,
-packlora files).
+packlora files); and, from its headers alone, how each tensor is stored (`stored_tensors`).
 """
+import json
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 
 from ..errors import ModelError
-from ..quant import GGUF_TYPE_NAMES, PackedWeight, load_packed
+from ..quant import BY_GGUF_NAME, PackedWeight, load_packed
+from ..quant.io import META_KEY
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
-from .files import HFFolder, read_json
+from .files import HFFolder, bf16_to_float32, has_weights, read_json
 from .gguf_file import gguf_name, hf_name, open_gguf, qk_row_order
+from .resolve import resolve_source
+from .tensors import TensorSpec
 
 PACKED_FILE = "model.packed.safetensors"
+def gguf_packed_format(kind):
+    """The registry format a GGUF tensor of type `kind` stays packed in, or None (decoded to
+    float32)."""
+    fmt = BY_GGUF_NAME.get(kind)
+    return None if fmt is None else fmt.name
 
 
 class HFSource:
@@ -35,6 +45,10 @@ class HFSource:
 
     def shape(self, name):
         return tuple(self.folder.tensor_info(name)[1])
+
+    def stored_tensors(self):
+        """{name: TensorSpec}: every tensor is a float array (F32/F16/BF16)."""
+        return {n: TensorSpec(n, self.shape(n)) for n in self.folder.tensor_names()}
 
 
 class GGUFSource:
@@ -56,13 +70,12 @@ class GGUFSource:
     def get(self, name):
         kind, shape, data = self.file.tensor(gguf_name(name))
         order = self._row_order(name, shape[0])
-        if kind in GGUF_TYPE_NAMES:
+        if gguf_packed_format(kind) is not None:
             # an owned copy of the packed bytes (a memory map would be invisible to the
             # process memory measure the report cross-checks against)
             raw = np.array(data if order is None else data[order])
             return PackedWeight.from_gguf(kind, shape, raw)
         if kind == "BF16":
-            from .files import bf16_to_float32
             arr = bf16_to_float32(np.asarray(data))
         else:
             arr = np.array(data, dtype=np.float32).reshape(shape)
@@ -70,6 +83,14 @@ class GGUFSource:
 
     def shape(self, name):
         return tuple(self.file.tensor(gguf_name(name))[1])
+
+    def stored_tensors(self):
+        """{name: TensorSpec} from the GGUF tensor infos (the data stays memory-mapped)."""
+        out = {}
+        for hf, gguf in self._names.items():
+            kind, shape, _ = self.file.tensor(gguf)
+            out[hf] = TensorSpec(hf, shape, gguf_packed_format(kind))
+        return out
 
     def _row_order(self, name, rows):
         if not self.file.qk_permuted:
@@ -84,14 +105,19 @@ class GGUFSource:
 
 class PackedSource:
     """A folder written by `packlora quantize`: config.json, tokenizer files and
-    model.packed.safetensors holding PackedWeights and float tensors."""
+    model.packed.safetensors holding PackedWeights and float tensors (read on first use)."""
 
     def __init__(self, path):
         self.path = Path(path)
         self.config = ModelConfig.from_hf(read_json(self.path / "config.json"),
                                           str(self.path / "config.json"))
-        self.tensors, _ = load_packed(self.path / PACKED_FILE)
-        self._tok_folder = self.path
+        self._tensors = None
+
+    @property
+    def tensors(self):
+        if self._tensors is None:
+            self._tensors, _ = load_packed(self.path / PACKED_FILE)
+        return self._tensors
 
     @property
     def tokenizer(self):
@@ -111,6 +137,18 @@ class PackedSource:
         value = self.tensors.pop(name)  # hand it over; the source keeps no second reference
         return value if hasattr(value, "dequantize") else np.asarray(value, dtype=np.float32)
 
+    def stored_tensors(self):
+        """{name: TensorSpec} from the file's header: the packlora metadata describes the packed
+        weights, the remaining entries (not buffers of those) are float arrays."""
+        with safe_open(str(self.path / PACKED_FILE), framework="numpy") as f:
+            described = json.loads((f.metadata() or {}).get(META_KEY, "{}"))
+            out = {n: TensorSpec(n, tuple(d["shape"]), d["format"], d["block_size"],
+                                 d["double_quant"]) for n, d in described.items()}
+            for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                if not any(key.startswith(p + ".") for p in described):
+                    out[key] = TensorSpec(key, tuple(f.get_slice(key).get_shape()))
+        return out
+
 
 def open_source(path):
     path = Path(path)
@@ -121,3 +159,21 @@ def open_source(path):
     if path.suffix.lower() == ".gguf":
         return GGUFSource(path)
     raise ModelError(f"{path}: not a model folder or a .gguf file")
+
+
+def read_header(source):
+    """(path, ModelConfig, {name: TensorSpec} as stored, or None) of a model source, read from
+    headers alone (no tensor data): a model name, .gguf file, model folder, or a config.json
+    path. A config.json, or a folder holding config.json but no weights, gives the config alone."""
+    path = Path(source).expanduser()
+    if path.is_file() and path.name.endswith(".json"):
+        return str(path), ModelConfig.from_hf(read_json(path), str(path)), None
+    path = resolve_source(source)
+    if path.is_dir():
+        cfg_path = path / "config.json"
+        if not (path / PACKED_FILE).is_file() and not has_weights(path):
+            return str(cfg_path), ModelConfig.from_hf(read_json(cfg_path), str(cfg_path)), None
+        src = open_source(path)
+        return str(cfg_path), src.config, src.stored_tensors()
+    src = open_source(path)
+    return str(path), src.config, src.stored_tensors()

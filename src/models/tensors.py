@@ -1,0 +1,97 @@
+"""The base tensors of a Llama-family model, from its config (and, when known, its stored
+tensor types) without reading tensor data: name, shape, and how load_model holds each one —
+packed (format, block, double quant) or float32 — under which memory category.
+
+load_model loads exactly this list and the memory planner prices exactly this list, so the
+two cannot disagree about which tensors exist or how they are held."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..config_coerce import quant_config
+from ..quant import packed_nbytes
+from ..quant.registry import DOUBLE_QUANT_FORMATS
+
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor: its name and logical shape; format None means a float32 array."""
+
+    name: str
+    shape: tuple
+    format: str | None = None
+    block_size: int | None = None
+    double_quant: bool = False
+    category: str = "base_other"  # the memory category load_model tracks it under
+
+    @property
+    def packed(self) -> bool:
+        return self.format is not None
+
+    @property
+    def nbytes(self) -> int:
+        if self.format is None:
+            n = 4
+            for d in self.shape:
+                n *= int(d)
+            return n
+        return packed_nbytes(self.format, self.shape, self.block_size, self.double_quant)
+
+
+def quant_spec(quant):
+    """How load_model packs float linear weights, as a dict {format, block_size, double_quant}
+    (format None: keep float32). `quant` is anything config_coerce.quant_config takes: None
+    (NF4 + double quant, the QLoRA default), "none"/False, a format name, a dict or a
+    QuantConfig; double quantization applies to the formats the registry allows it for."""
+    q = quant_config(quant)
+    fmt = None if q.format == "none" else q.format
+    return {"format": fmt, "block_size": q.block_size if fmt else None,
+            "double_quant": bool(q.double_quant) and fmt in DOUBLE_QUANT_FORMATS}
+
+
+def _held(name, shape, stored, quant, category, quantize):
+    """Stored-packed tensors stay as stored; float linear weights get the run's format (when
+    `quantize`); everything else is float32."""
+    kept = (stored or {}).get(name)
+    if kept is not None and kept.packed:
+        return replace(kept, name=name, shape=tuple(shape), category=category)
+    if quantize and quant["format"] is not None:
+        return TensorSpec(name, tuple(shape), quant["format"], quant["block_size"],
+                          quant["double_quant"], category)
+    return TensorSpec(name, tuple(shape), category=category)
+
+
+def _layer_tensors(cfg, i, stored, quant):
+    p = f"model.layers.{i}"
+    d, hd, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q_out, kv_out = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    shapes = dict(zip(PROJECTIONS, [(q_out, d), (kv_out, d), (kv_out, d), (d, q_out),
+                                    (f, d), (f, d), (d, f)], strict=True))
+    out = []
+    for proj, shape in shapes.items():
+        out.append(_held(f"{p}.{proj}.weight", shape, stored, quant, "base_packed", True))
+        if cfg.attention_bias and proj in PROJECTIONS[:3]:  # q/k/v biases (Qwen2)
+            out.append(TensorSpec(f"{p}.{proj}.bias", (shape[0],)))
+    norms = [("input_layernorm", d), ("post_attention_layernorm", d)]
+    if cfg.qk_norm:  # per-head q/k RMSNorm (Qwen3)
+        norms += [("self_attn.q_norm", hd), ("self_attn.k_norm", hd)]
+    return out + [TensorSpec(f"{p}.{n}.weight", (dim,)) for n, dim in norms]
+
+
+def model_tensors(cfg, quant=None, stored=None) -> list[TensorSpec]:
+    """Every base tensor load_model places, in load order. cfg: a ModelConfig; quant: anything
+    quant_spec takes; stored: {name: TensorSpec} as the source stores them (a source's
+    `stored_tensors()`), or None when only the config is known (an untied head is then assumed
+    to be present)."""
+    q = quant_spec(quant)
+    v, d = cfg.vocab_size, cfg.hidden_size
+    out = [_held("model.embed_tokens.weight", (v, d), stored, q, "base_other", False)]
+    for i in range(cfg.num_layers):
+        out += _layer_tensors(cfg, i, stored, q)
+    out.append(TensorSpec("model.norm.weight", (d,)))
+    if not cfg.tie_word_embeddings and (stored is None or "lm_head.weight" in stored):
+        out.append(_held("lm_head.weight", (v, d), stored, q, "base_other", False))
+    return out
