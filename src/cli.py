@@ -102,6 +102,8 @@ def build_parser():
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", default=None)
+    p.add_argument("--ranks", type=int, default=1,
+                   help="plan one rank of a data-parallel run over this many (mpiexec -n N)")
     p.set_defaults(fn=_cmd_memory_report)
     p = add("generate", "generate text")
     _model_args(p)

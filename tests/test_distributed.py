@@ -12,6 +12,7 @@ import model_factory as mf
 import numpy as np
 import pytest
 import yaml
+from packlora.memory import plan
 from safetensors.numpy import load_file
 
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -158,3 +159,14 @@ def test_mpi4py_missing_under_a_launcher_is_a_clear_error(files):
                           timeout=120, env=dict(os.environ, PMI_SIZE="2"))
     assert done.returncode == 2
     assert "mpi4py is not installed: pip install 'packlora[mpi]'" in done.stderr
+
+
+def test_memory_report_plans_one_rank_and_the_allreduce_buffer(files):
+    cfg = config(files, files / "plan", batch_size=4, grad_accum=1)
+    one, two = plan(cfg), plan(cfg, ranks=2)
+    assert two["run"]["batch_size"] == 2 and two["plan"]["distributed"]["ranks"] == 2
+    params = one["plan"]["categories"]["adapters"]
+    assert two["plan"]["distributed"]["allreduce_bytes"] == params
+    assert two["plan"]["categories"]["workspace"] == params
+    assert one["plan"]["categories"]["workspace"] == 0
+    assert two["plan"]["categories"]["activations"] < one["plan"]["categories"]["activations"]

@@ -10,8 +10,8 @@ from packlora.config import QuantConfig
 from packlora.kernels import format_ids
 from packlora.kernels.cpu import simd
 from packlora.kernels.cuda import decode as cuda_decode
-from packlora.memory.inputs import GGUF_PACKED
 from packlora.models.gguf_file import SUPPORTED_TENSOR_TYPES
+from packlora.models.sources import gguf_packed_format
 from packlora.quant import (
     BY_GGUF_NAME,
     FORMATS,
@@ -74,7 +74,9 @@ def test_config_literal_is_the_registry():
 
 def test_loaders_and_planner_keep_the_registry_types_packed():
     assert GGUF_TYPE_NAMES == tuple(f.gguf_name for f in GGUF_ENTRIES)
-    assert GGUF_PACKED == GGUF_TYPE_NAMES
+    for name in GGUF_TYPE_NAMES:  # the loader and the planner share gguf_packed_format
+        assert gguf_packed_format(name) == BY_GGUF_NAME[name].name
+    assert gguf_packed_format("Q2_K") is None and gguf_packed_format("F32") is None
     assert set(GGUF_TYPE_NAMES) <= set(SUPPORTED_TENSOR_TYPES)
 
 

@@ -11,6 +11,7 @@ from ..lora_targets import targets_for
 from ..models.config import ModelConfig
 from ..models.sources import read_header
 from ..models.tensors import model_tensors, quant_spec
+from ..training.distributed import check_global_batch
 
 _MODEL_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
 
@@ -31,6 +32,7 @@ class PlanInputs:
     grad_accum: int = 1
     device: str = "cpu"
     scratch_cap: int = DEFAULT_SCRATCH_CAP
+    ranks: int = 1  # data-parallel ranks: `batch` is then this rank's share of the global batch
     run: dict = field(default_factory=dict)  # the run settings, for the report
     _grads_per_block: list | None = None
 
@@ -95,10 +97,11 @@ def _run_config(config, overrides):
 
 
 def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
-                grad_checkpointing=None, scratch_cap=None) -> PlanInputs:
+                grad_checkpointing=None, scratch_cap=None, ranks=1) -> PlanInputs:
     """Resolve `config` (RunConfig, YAML path, run dict, model config dict, config.json path,
     model folder, .gguf file or model name) into PlanInputs. `model` replaces the run's model
-    source; the keyword shapes override the run's train/data settings."""
+    source; the keyword shapes override the run's train/data settings; with `ranks` > 1 the plan
+    is one rank's of a data-parallel run (its share of the global batch)."""
     run = _run_config(config, overrides)
     if run is None:  # a model alone: the run defaults (QLoRA NF4 + double quant)
         model = config if model is None else model
@@ -112,9 +115,11 @@ def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
     linears, others = base_tensors(config, stored, run.quant)
     adapters = adapters_for(linears, others, run.lora)
     tr = run.train
+    batch, ranks = int(batch_size or tr.batch_size), int(ranks)
+    check_global_batch(batch, ranks)
     inputs = PlanInputs(
-        model=config, source=path, linears=linears, others=others,
-        adapters=adapters, batch=int(batch_size or tr.batch_size),
+        model=config, source=path, linears=linears, others=others, ranks=ranks,
+        adapters=adapters, batch=batch // ranks,
         seq=int(seq_len or run.data.max_seq_len),
         grad_checkpointing=bool(tr.grad_checkpointing if grad_checkpointing is None
                                 else grad_checkpointing),
@@ -123,7 +128,7 @@ def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
     inputs.run = {"model": path, "device": run.device, "quant": quant_spec(run.quant),
                   "lora": {"rank": run.lora.rank, "targets": run.lora.targets,
                            "dropout": run.lora.dropout, "use_dora": run.lora.use_dora},
-                  "batch_size": inputs.batch, "seq_len": inputs.seq,
+                  "batch_size": inputs.batch, "seq_len": inputs.seq, "ranks": ranks,
                   "grad_checkpointing": inputs.grad_checkpointing,
                   "loss_chunk": inputs.loss_chunk, "grad_accum": inputs.grad_accum}
     return inputs

@@ -66,7 +66,12 @@ def static_categories(inp):
     adapters = sum(ad.params for ad in inp.adapters.values()) * F32
     return {"base_packed": base_packed, "base_other": base_other,
             "dense_scratch": dense_scratch(inp), "adapters": adapters,
-            "optimizer": 2 * adapters}
+            "optimizer": 2 * adapters, "workspace": allreduce_bytes(inp)}
+
+
+def allreduce_bytes(inp):
+    """The flat float32 buffer a data-parallel run sums the adapter gradients in (0 alone)."""
+    return sum(ad.params for ad in inp.adapters.values()) * F32 if inp.ranks > 1 else 0
 
 
 def _grads_after(inp, i):
@@ -176,18 +181,22 @@ def plan_from_inputs(inp):
                                      "activations": off["categories"]["activations"]}}
     main["activations_detail"] = activation_detail(inp)
     main["generation"] = generation_plan(inp, main["at_peak"])
+    main["distributed"] = {"ranks": inp.ranks, "batch_per_rank": inp.batch,
+                           "allreduce_bytes": allreduce_bytes(inp)}
     return {"run": inp.run, "plan": main, "dense_alternatives": dense_alternatives(inp, main)}
 
 
 def plan(config, overrides=(), model=None, batch_size=None, seq_len=None,
-         grad_checkpointing=None):
+         grad_checkpointing=None, ranks=1):
     """Plan the memory of a training step without loading weights.
 
     config: a RunConfig, YAML path or run dict, or a model alone (config.json dict or path,
     model folder, .gguf file, model name) planned with the run defaults. overrides: `key=value`
     strings as on the CLI. model: replaces the run's model source (e.g. a folder holding only
     config.json). Returns {"run", "plan": {"categories", "peak_bytes", "peak_at", ...},
-    "dense_alternatives": {...}}.
+    "dense_alternatives": {...}}. ranks: plan one rank of a data-parallel run of that many
+    (its share of the global batch, plus the allreduce buffer under workspace).
     """
-    inp = plan_inputs(config, overrides, model, batch_size, seq_len, grad_checkpointing)
+    inp = plan_inputs(config, overrides, model, batch_size, seq_len, grad_checkpointing,
+                      ranks=ranks)
     return plan_from_inputs(inp)

@@ -4,7 +4,9 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import ConfigError
 from ..tracker import CATEGORIES
+from .measurement import measure as run_measure
 from .planner import plan
 
 _ALT_NAMES = {"whole_model_fp32": "whole base dense, float32",
@@ -17,12 +19,15 @@ def mib(n):
     return "—" if n is None else f"{n / 2**20:,.1f}"
 
 
-def report_dict(config, overrides=(), measure=False, steps=2):
-    """The JSON contract: {"run", "plan", "dense_alternatives"[, "measured"]}."""
+def report_dict(config, overrides=(), measure=False, steps=2, ranks=1):
+    """The JSON contract: {"run", "plan", "dense_alternatives"[, "measured"]}; with ranks > 1
+    the plan of one rank of a data-parallel run."""
     if measure:
-        from .measurement import measure as run_measure
+        if ranks > 1:
+            raise ConfigError("--measure runs one process; measure a data-parallel run by "
+                              "running it under mpiexec (metrics.jsonl records each step's peaks)")
         return run_measure(config, steps, overrides)
-    return plan(config, overrides)
+    return plan(config, overrides, ranks=ranks)
 
 
 def _category_table(rep):
@@ -91,6 +96,11 @@ def print_report(rep, console=None):
     console.print(f"[bold]{run['model']}[/]  batch {run['batch_size']} × seq {run['seq_len']}, "
                   f"checkpointing {'on' if run['grad_checkpointing'] else 'off'}, "
                   f"quant {run['quant']['format']}, LoRA r={run['lora']['rank']}")
+    dist = rep["plan"].get("distributed", {})
+    if dist.get("ranks", 1) > 1:
+        console.print(f"per rank of {dist['ranks']}: batch {dist['batch_per_rank']} of the global "
+                      f"{dist['batch_per_rank'] * dist['ranks']}, allreduce buffer "
+                      f"{mib(dist['allreduce_bytes'])} MiB (counted under workspace)")
     for table in (_category_table(rep), _activation_table(rep), _alternatives_table(rep)):
         console.print(table)
 
@@ -132,7 +142,8 @@ def plot_report(rep, path):
 
 def run_memory_report(args):
     """CLI entry: args has config, overrides, measure, steps, json, plot."""
-    rep = report_dict(args.config, args.overrides or (), args.measure, args.steps)
+    rep = report_dict(args.config, args.overrides or (), args.measure, args.steps,
+                      getattr(args, "ranks", 1))
     if args.json:
         print(json.dumps(rep, indent=2))
     else:

@@ -28,6 +28,13 @@ def launched_ranks():
     return 1
 
 
+def check_global_batch(batch_size, ranks):
+    """ConfigError unless the global batch splits evenly over the ranks."""
+    if ranks < 1 or batch_size % ranks:
+        raise ConfigError(f"train.batch_size: {batch_size} is the global batch and must divide "
+                          f"by the {ranks} ranks")
+
+
 class World:
     """Rank, size and the collectives the trainer needs; size 1 means one process, no MPI."""
 

@@ -6,9 +6,9 @@ import numpy as np
 
 from ..autodiff import without_autodiff
 from ..data import Batches
-from ..errors import ConfigError, TrainingError
+from ..errors import TrainingError
 from .checkpoints import load_checkpoint, resume_candidates, save_checkpoint
-from .distributed import World
+from .distributed import World, check_global_batch
 from .fingerprint import check_resume, fingerprint
 from .metrics import MetricsLog, Progress
 from .optim import AdamW, clip_grad_norm
@@ -53,9 +53,7 @@ class Trainer:
         self.opt = AdamW(params, cfg.lr, tuple(cfg.betas), cfg.eps, cfg.weight_decay)
         self.flat = None  # the one float32 buffer the gradients are summed over ranks in
         if self.world.size > 1:
-            if cfg.batch_size % self.world.size:
-                raise ConfigError(f"train.batch_size: {cfg.batch_size} is the global batch and "
-                                  f"must divide by the {self.world.size} ranks")
+            check_global_batch(cfg.batch_size, self.world.size)
             with self.device.memory.category("workspace"):
                 self.flat = self.device.memory.track(self.device.xp.empty(
                     sum(p.data.size for _, p in params), np.float32))
