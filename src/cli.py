@@ -154,8 +154,10 @@ def main(argv=None):
         return 2
     try:
         code = _run(argv)
-    except SystemExit as e:  # argparse's usage errors
-        code = e.code if isinstance(e.code, int) else 2
+    except SystemExit as e:  # argparse's usage errors: end the other ranks too
+        if e.code and world.size > 1:
+            world.abort(e.code if isinstance(e.code, int) else 2)
+        raise
     if code and world.size > 1:
         world.abort(code)
     return code
