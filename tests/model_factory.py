@@ -264,3 +264,14 @@ def smollm_path():
         return resolve_source("smollm2-135m-instruct")
     except ModelError:
         return None
+
+
+def sums_run_files(folder, a_values=4, b_values=3):
+    """A tiny chat model in folder/model and folder/train.jsonl of `a+b` -> `a+b` records."""
+    folder = Path(folder)
+    tiny_chat_model(folder / "model")
+    rows = [{"messages": [{"role": "user", "content": f"{a}+{b}"},
+                          {"role": "assistant", "content": str(a + b)}]}
+            for a in range(a_values) for b in range(b_values)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder

@@ -19,13 +19,7 @@ SMOL = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cli")
-    mf.tiny_chat_model(d / "model")
-    rows = [{"messages": [{"role": "user", "content": f"{a}+{b}"},
-                          {"role": "assistant", "content": str(a + b)}]}
-            for a in range(3) for b in range(3)]
-    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return d
+    return mf.sums_run_files(tmp_path_factory.mktemp("cli"), 3, 3)
 
 
 # --- configs ---------------------------------------------------------------------------------

@@ -36,13 +36,7 @@ sys.exit(main(["finetune", sys.argv[1], "--quiet"]))
 
 @pytest.fixture(scope="module")
 def run_files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("crash")
-    mf.tiny_chat_model(d / "model")
-    rows = [{"messages": [{"role": "user", "content": f"{a}+{b}"},
-                          {"role": "assistant", "content": str(a + b)}]}
-            for a in range(4) for b in range(3)]
-    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return d
+    return mf.sums_run_files(tmp_path_factory.mktemp("crash"))
 
 
 def _config(d, out):

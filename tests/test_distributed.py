@@ -115,39 +115,40 @@ def test_batch_that_does_not_divide_is_a_clear_error(files):
     assert "Traceback" not in done.stderr
 
 
-def test_ranks_with_different_configs_are_refused(files):
-    cfg = config(files, files / "diff")
-    wrapper = ("import os, sys; from packlora.cli import main; "
-               "extra = ['train.lr=0.1'] if os.environ['PMI_RANK'] == '1' else []; "
-               "sys.exit(main(['finetune', sys.argv[1], *extra, '--quiet']))")
-    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", wrapper, str(cfg)],
+def on_two_ranks(code, cfg):
+    """mpiexec -n 2 of a Python snippet (argv[1] is the config), bounded in time: no hang."""
+    return subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", code, str(cfg)],
                           capture_output=True, text=True, timeout=120)
+
+
+ONE_RANK_DIFFERS = ("import os, sys; from packlora.cli import main; "
+                    "extra = [{arg!r}] if os.environ['PMI_RANK'] == '1' else []; "
+                    "sys.exit(main(['finetune', sys.argv[1], *extra, '--quiet']))")
+
+
+def test_ranks_with_different_configs_are_refused(files):
+    done = on_two_ranks(ONE_RANK_DIFFERS.format(arg="train.lr=0.1"),
+                        config(files, files / "diff"))
     assert done.returncode != 0 and "given different configs" in done.stderr
 
 
 def test_a_rank_that_fails_before_training_ends_the_others(files):
     """A bad command line on one rank only: it exits at once, and must take the others along."""
-    cfg = config(files, files / "badarg")
-    wrapper = ("import os, sys; from packlora.cli import main; "
-               "extra = ['--no-such-flag'] if os.environ['PMI_RANK'] == '1' else []; "
-               "sys.exit(main(['finetune', sys.argv[1], '--quiet', *extra]))")
-    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", wrapper, str(cfg)],
-                          capture_output=True, text=True, timeout=120)
+    done = on_two_ranks(ONE_RANK_DIFFERS.format(arg="--no-such-flag"),
+                        config(files, files / "badarg"))
     assert done.returncode != 0 and "unrecognized arguments: --no-such-flag" in done.stderr
 
 
 def test_a_rank_that_dies_ends_the_others(files):
-    cfg = config(files, files / "dies", max_steps=50, save_every=0)
-    wrapper = ("import os, sys; from packlora.training.trainer import Trainer; "
-               "real = Trainer.train_step\n"
-               "def step(self):\n"
-               "    if self.world.rank == 1 and self.step == 2: os._exit(9)\n"
-               "    return real(self)\n"
-               "Trainer.train_step = step\n"
-               "from packlora.cli import main\n"
-               "sys.exit(main(['finetune', sys.argv[1], '--quiet']))")
-    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", wrapper, str(cfg)],
-                          capture_output=True, text=True, timeout=120)  # no hang: ends quickly
+    code = ("import os, sys; from packlora.training.trainer import Trainer; "
+            "real = Trainer.train_step\n"
+            "def step(self):\n"
+            "    if self.world.rank == 1 and self.step == 2: os._exit(9)\n"
+            "    return real(self)\n"
+            "Trainer.train_step = step\n"
+            "from packlora.cli import main\n"
+            "sys.exit(main(['finetune', sys.argv[1], '--quiet']))")
+    done = on_two_ranks(code, config(files, files / "dies", max_steps=50, save_every=0))
     assert done.returncode != 0
 
 
