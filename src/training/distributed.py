@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import ConfigError
 
 # Environment variables an MPI launcher sets on every rank (MPICH/Hydra, Open MPI, PMIx, Slurm).
-_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 _MPI_HINT = "pip install 'packlora[mpi]' (mpi4py and the mpich MPI)"
 
 
@@ -40,7 +40,7 @@ class World:
 
     def __init__(self, comm=None, mpi=None):
         self.comm, self.mpi = comm, mpi
-        self._nccl = None
+        self._nccl_sum = None
         self.rank = comm.Get_rank() if comm is not None else 0
         self.size = comm.Get_size() if comm is not None else 1
 
@@ -90,7 +90,7 @@ class World:
         if isinstance(flat, np.ndarray):
             self.comm.Allreduce(self.mpi.IN_PLACE, flat)
         else:  # a GPU buffer: summed by NCCL, device to device
-            self._nccl_for(flat).sum_(flat)
+            self._nccl().sum_(flat)
         o = 0
         for _, p in params:
             n = p.data.size
@@ -101,10 +101,10 @@ class World:
                 p.grad.data[...] = g
             o += n
 
-    def _nccl_for(self, array):
-        if self._nccl is None:
-            self._nccl = NcclSum(self, array)
-        return self._nccl
+    def _nccl(self):
+        if self._nccl_sum is None:
+            self._nccl_sum = NcclSum(self)
+        return self._nccl_sum
 
     def broadcast(self, obj):
         """Rank 0's `obj` (any picklable value) on every rank."""
@@ -149,7 +149,7 @@ class World:
 class NcclSum:
     """Sums float32 GPU buffers over the ranks with NCCL; its rendezvous id goes over MPI."""
 
-    def __init__(self, world, like):
+    def __init__(self, world):
         import cupy  # noqa: PLC0415  (only reached with device: cuda under mpiexec)
         self.cupy, self.nccl = cupy, cupy.cuda.nccl
         uid = self.nccl.get_unique_id() if world.is_main else None
