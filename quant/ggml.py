@@ -1,8 +1,11 @@
-"""GGUF/ggml Q4_0, Q4_1 and Q8_0 reference codecs: row-wise blocks of 32 with fp16 scales, numpy.
+"""GGUF/ggml Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 reference codecs: row-wise blocks of 32 with fp16
+scales, numpy.
 
 Quantization follows ggml's reference rounding (quantize_row_q*_ref) in float32, so the bytes
 equal gguf.quants.quantize. A q4 block is fp16 d (q4_1: then fp16 m) and 16 bytes holding
-element j in the low nibble and j+16 in the high one; q8_0 is fp16 d and 32 int8.
+element j in the low nibble and j+16 in the high one; q5 blocks add 32 high bits (bit j of a
+little-endian uint32 is the fifth bit of element j) before the nibbles; q8_0 is fp16 d and 32
+int8.
 """
 import numpy as np
 
@@ -17,7 +20,7 @@ def _fp16_bytes(x):
     return x.astype("<f2").view(np.uint8)
 
 
-def _fp16_from(blocks, lo):
+def fp16_from(blocks, lo):
     """(..., BPB) uint8 -> (..., 1) float32 from the half at bytes [lo, lo+2)."""
     return np.ascontiguousarray(blocks[..., lo:lo + 2]).view("<f2").astype(_F32)
 
@@ -49,6 +52,26 @@ def _q4_1(b):
     return np.concatenate([_fp16_bytes(d), _fp16_bytes(lo), _pack_nibbles(q)], axis=-1)
 
 
+def _high_bits(q):
+    """(..., 32) 5-bit codes -> (..., 4) bytes: bit j of the little-endian uint32 is q_j's bit 4."""
+    return np.packbits(q >> np.uint8(4), axis=-1, bitorder="little")
+
+
+def _q5_0(b):
+    amax_at = np.abs(b).argmax(axis=-1)[..., None]
+    d = np.take_along_axis(b, amax_at, axis=-1) / _F32(-16)      # signed max / -16
+    q = np.minimum(np.trunc(b * _inverse(d) + _F32(16.5)), 31).astype(np.uint8)
+    return np.concatenate([_fp16_bytes(d), _high_bits(q), _pack_nibbles(q & 15)], axis=-1)
+
+
+def _q5_1(b):
+    lo = b.min(axis=-1, keepdims=True)
+    d = (b.max(axis=-1, keepdims=True) - lo) / _F32(31)
+    q = np.minimum(np.trunc((b - lo) * _inverse(d) + _F32(0.5)), 31).astype(np.uint8)
+    return np.concatenate([_fp16_bytes(d), _fp16_bytes(lo), _high_bits(q), _pack_nibbles(q & 15)],
+                          axis=-1)
+
+
 def _round_half_away(v):
     """C roundf: nearest integer, halves away from zero (exact, no 0.5-add rounding slip)."""
     t = np.trunc(v)
@@ -77,7 +100,7 @@ def _quantize_rows(fmt, array, name, encode):
     return {"blocks": out}
 
 
-def _dequantize_rows(fmt, buffers, shape, decode):
+def dequantize_rows(fmt, buffers, shape, decode):
     """{"blocks": (N, nb*BPB) uint8} -> float32 (N, K)."""
     n, k = shape
     elems, bpb = fmt.layout.elems, fmt.layout.nbytes
@@ -97,18 +120,34 @@ def _nibbles(qs):
 def _decode_q4_0(blocks, layout):
     """(r, nb, BPB) uint8 -> (r, nb, 32) float32."""
     q = _nibbles(blocks[..., layout.codes_at:])
-    return (q.astype(_F32) - _F32(8)) * _fp16_from(blocks, layout.scale_at)
+    return (q.astype(_F32) - _F32(8)) * fp16_from(blocks, layout.scale_at)
 
 
 def _decode_q4_1(blocks, layout):
     q = _nibbles(blocks[..., layout.codes_at:])
-    return q.astype(_F32) * _fp16_from(blocks, layout.scale_at) + _fp16_from(blocks,
+    return q.astype(_F32) * fp16_from(blocks, layout.scale_at) + fp16_from(blocks,
                                                                             layout.min_at)
+
+
+def _q5_codes(blocks, layout):
+    high = np.unpackbits(blocks[..., layout.high_bits_at:layout.high_bits_at + 4], axis=-1,
+                         bitorder="little")
+    return _nibbles(blocks[..., layout.codes_at:]) | (high << np.uint8(4))
+
+
+def _decode_q5_0(blocks, layout):
+    q = _q5_codes(blocks, layout)
+    return (q.astype(_F32) - _F32(16)) * fp16_from(blocks, layout.scale_at)
+
+
+def _decode_q5_1(blocks, layout):
+    q = _q5_codes(blocks, layout)
+    return q.astype(_F32) * fp16_from(blocks, layout.scale_at) + fp16_from(blocks, layout.min_at)
 
 
 def _decode_q8_0(blocks, layout):
     codes = blocks[..., layout.codes_at:].view(np.int8).astype(_F32)
-    return codes * _fp16_from(blocks, layout.scale_at)
+    return codes * fp16_from(blocks, layout.scale_at)
 
 
 # -- the reference codecs of the registry (quant/registry.py), fmt being the format's entry ----
@@ -120,17 +159,33 @@ def quantize_q4_1(fmt, array, block_size, double_quant, name):
     return _quantize_rows(fmt, array, name, _q4_1)
 
 
+def quantize_q5_0(fmt, array, block_size, double_quant, name):
+    return _quantize_rows(fmt, array, name, _q5_0)
+
+
+def quantize_q5_1(fmt, array, block_size, double_quant, name):
+    return _quantize_rows(fmt, array, name, _q5_1)
+
+
 def quantize_q8_0(fmt, array, block_size, double_quant, name):
     return _quantize_rows(fmt, array, name, _q8_0)
 
 
 def dequantize_q4_0(fmt, buffers, shape, block_size):
-    return _dequantize_rows(fmt, buffers, shape, _decode_q4_0)
+    return dequantize_rows(fmt, buffers, shape, _decode_q4_0)
 
 
 def dequantize_q4_1(fmt, buffers, shape, block_size):
-    return _dequantize_rows(fmt, buffers, shape, _decode_q4_1)
+    return dequantize_rows(fmt, buffers, shape, _decode_q4_1)
+
+
+def dequantize_q5_0(fmt, buffers, shape, block_size):
+    return dequantize_rows(fmt, buffers, shape, _decode_q5_0)
+
+
+def dequantize_q5_1(fmt, buffers, shape, block_size):
+    return dequantize_rows(fmt, buffers, shape, _decode_q5_1)
 
 
 def dequantize_q8_0(fmt, buffers, shape, block_size):
-    return _dequantize_rows(fmt, buffers, shape, _decode_q8_0)
+    return dequantize_rows(fmt, buffers, shape, _decode_q8_0)

@@ -26,10 +26,21 @@ from .codebooks import FP4_CODE, NF4_CODE
 from .ggml import (
     dequantize_q4_0,
     dequantize_q4_1,
+    dequantize_q5_0,
+    dequantize_q5_1,
     dequantize_q8_0,
     quantize_q4_0,
     quantize_q4_1,
+    quantize_q5_0,
+    quantize_q5_1,
     quantize_q8_0,
+)
+from .kquants import (
+    dequantize_q2_k,
+    dequantize_q3_k,
+    dequantize_q4_k,
+    dequantize_q5_k,
+    dequantize_q6_k,
 )
 
 FLAT = "flat"            # codes of the row-major flattened tensor + an absmax buffer per block
@@ -48,9 +59,10 @@ class BlockLayout:
     code_bits: int             # bits per stored code
     codes_at: int = 0          # first code byte
     scale_at: int | None = None      # fp16 scale d
-    min_at: int | None = None        # fp16 min m (x = d*q + m)
-    high_bits_at: int | None = None  # 32 high bits of 5-bit codes (Q5_0 / Q5_1)
-    sub_scales_at: int | None = None  # packed sub-block scales (K-quant super-blocks)
+    min_at: int | None = None        # fp16 min: m of x = d*q + m (Q4_1, Q5_1), dmin of the
+                                     # K-quants' x = d*sc*q - dmin*mn (sub-block sc, mn)
+    high_bits_at: int | None = None  # high bits of the codes (Q5_0/Q5_1, Q3_K, Q5_K, Q6_K)
+    sub_scales_at: int | None = None  # sub-block scales (K-quant super-blocks)
     sub_elems: int | None = None     # elements per sub-block scale
 
     def block_bytes(self, block_size):
@@ -69,7 +81,7 @@ class Format:
     layout: BlockLayout
     default_block_size: int
     block_sizes: tuple
-    quantize: Callable
+    quantize: Callable | None  # None: not made from float here (quantizable False)
     dequantize: Callable
     gguf_type: GGML | None = None
     quantizable: bool = True   # can be made from float weights here
@@ -94,8 +106,9 @@ def _blockwise(name, code_bits, codec, **kw):
 
 
 def _ggml(gguf_type, layout, codec):
+    quantizable = codec[0] is not None
     return Format(gguf_type.name.lower(), GGML_ROWS, layout, layout.elems, (layout.elems,),
-                  codec[0], codec[1], gguf_type=gguf_type)
+                  codec[0], codec[1], gguf_type=gguf_type, quantizable=quantizable)
 
 
 REGISTRY = {f.name: f for f in (
@@ -111,9 +124,25 @@ REGISTRY = {f.name: f for f in (
           (quantize_q4_1, dequantize_q4_1)),
     _ggml(GGML.Q8_0, BlockLayout(32, 34, 8, codes_at=2, scale_at=0),
           (quantize_q8_0, dequantize_q8_0)),
+    _ggml(GGML.Q5_0, BlockLayout(32, 22, 5, codes_at=6, scale_at=0, high_bits_at=2),
+          (quantize_q5_0, dequantize_q5_0)),
+    _ggml(GGML.Q5_1, BlockLayout(32, 24, 5, codes_at=8, scale_at=0, min_at=2, high_bits_at=4),
+          (quantize_q5_1, dequantize_q5_1)),
+    _ggml(GGML.Q2_K, BlockLayout(256, 84, 2, codes_at=16, scale_at=80, min_at=82,
+                                 sub_scales_at=0, sub_elems=16), (None, dequantize_q2_k)),
+    _ggml(GGML.Q3_K, BlockLayout(256, 110, 3, codes_at=32, scale_at=108, high_bits_at=0,
+                                 sub_scales_at=96, sub_elems=16), (None, dequantize_q3_k)),
+    _ggml(GGML.Q4_K, BlockLayout(256, 144, 4, codes_at=16, scale_at=0, min_at=2,
+                                 sub_scales_at=4, sub_elems=32), (None, dequantize_q4_k)),
+    _ggml(GGML.Q5_K, BlockLayout(256, 176, 5, codes_at=48, scale_at=0, min_at=2,
+                                 high_bits_at=16, sub_scales_at=4, sub_elems=32),
+          (None, dequantize_q5_k)),
+    _ggml(GGML.Q6_K, BlockLayout(256, 210, 6, codes_at=0, scale_at=208, high_bits_at=128,
+                                 sub_scales_at=192, sub_elems=16), (None, dequantize_q6_k)),
 )}
 
 FORMATS = tuple(REGISTRY)
+QUANTIZABLE = tuple(n for n, f in REGISTRY.items() if f.quantizable)  # made from float here
 GGUF_FORMATS = tuple(n for n, f in REGISTRY.items() if f.storage == GGML_ROWS)
 # GGUF tensor type name -> format, for every GGUF type a loader keeps packed.
 BY_GGUF_NAME = {f.gguf_name: f for f in REGISTRY.values() if f.gguf_type is not None}

@@ -1,6 +1,6 @@
 """The SIMD walker's chunk model (kernels/cpu/chunks.py) describes layouts beyond "header + 32
-values": ggml's 256-value K-quant super-blocks (addressing checked against gguf.quants), and a
-two-chunk Q8_0-like block that the real SIMD walker decodes, dots and accumulates."""
+values": ggml's 256-value K-quant super-blocks (addressing checked against gguf.quants by a numpy
+walk of the model), and a two-chunk Q8_0-like block through the real SIMD codegen."""
 import gguf
 import numpy as np
 import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
@@ -8,25 +8,16 @@ from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 from numba import njit
 from packlora.kernels.cpu import simd
-from packlora.kernels.cpu.chunks import Chunk, ChunkLayout, chunk_address
+from packlora.kernels.cpu.chunks import Chunk, ChunkLayout, chunk_address, kquant_layouts
 from packlora.kernels.cpu.ops import pack_args
 from packlora.quant import quantize
 
 RNG = np.random.default_rng(7)
 
-# ggml-common.h block_q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of
-# codes; each 32 bytes hold 64 values, the first 32 in the low nibbles, the next 32 in the high.
-Q4_K = ChunkLayout("planes", "sub", 144, tuple(
-    Chunk(16 + 32 * (j // 2), plane=4 * (j % 2), sub_scales=(j,)) for j in range(8)),
-    scale_at=0, min_at=2, sub_scales_at=4)
-# block_q6_K: ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16] (one per 16 values),
-# fp16 d. Per 128 values: ql bytes 0..63 and qh bytes 0..31; value 32q + l takes its low bits
-# from ql[l + 32 (q % 2)] (nibble q // 2) and its high bits from qh[l] >> 2q.
-Q6_K = ChunkLayout("planes", "sub", 210, tuple(
-    Chunk(64 * (j // 4) + 32 * (j % 2), plane=4 * (j % 4 // 2), high_at=128 + 32 * (j // 4),
-          high_shift=2 * (j % 4), sub_scales=(8 * (j // 4) + 2 * (j % 4),
-                                              8 * (j // 4) + 2 * (j % 4) + 1))
-    for j in range(8)), scale_at=208, sub_scales_at=192)
+# The walker's own K-quant layouts (kernels/cpu/chunks.py), checked here by walking their chunk
+# addresses in numpy against gguf.quants.
+_KQ = kquant_layouts()
+Q4_K, Q6_K = _KQ["q4_k"], _KQ["q6_k"]
 
 
 def _f16(raw, at):

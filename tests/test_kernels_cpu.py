@@ -9,6 +9,8 @@ from packlora.kernels import dequantize_rows, gather_rows, linear_bwd, linear_fw
 from packlora.kernels.cpu import ops as cpu_ops
 from packlora.quant import PackedWeight, quantize
 
+from gguf_blocks import random_packed
+
 # (format, double_quant, block_size, shapes): shapes are ragged on purpose (K not a multiple of
 # the block, odd numel so the last byte holds a pad nibble, N=1, odd N).
 CASES = [
@@ -27,13 +29,24 @@ CASES = [
     ("fp4", True, 32, [(3, 64)]),
     ("int8", False, 32, [(5, 96)]),
     ("int8", False, 128, [(4, 192)]),
+    # 5-bit blocks of 32 and the K-quants' super-blocks of 256 (random blocks: gguf_blocks.py)
+    ("q5_0", None, None, [(7, 96), (1, 32)]),
+    ("q5_1", None, None, [(7, 96)]),
+    ("q2_k", None, None, [(5, 256)]),
+    ("q3_k", None, None, [(5, 512)]),
+    ("q4_k", None, None, [(7, 512), (1, 256)]),
+    ("q5_k", None, None, [(5, 256)]),
+    ("q6_k", None, None, [(7, 512), (1, 256)]),
 ]
+KQUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 PARAMS = [(f, dq, bs, s) for f, dq, bs, shapes in CASES for s in shapes]
 MS = (1, 7, 12, 64, 300)  # fused (gemv at M = 1), then tiled from M = 12
 
 
 def _weight(fmt, dq, bs, shape, seed=0):
     rng = np.random.default_rng(seed)
+    if fmt in KQUANTS:
+        return random_packed(fmt, *shape, rng)
     w = rng.standard_normal(shape).astype(np.float32)
     w[0, : min(shape[1], 32)] *= 1e-5  # GGUF: fp16 scales that are subnormal
     if shape[0] > 2:

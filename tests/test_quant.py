@@ -22,9 +22,9 @@ from gguf import GGMLQuantizationType
 from packlora import Device, QuantError
 from packlora.quant import (
     DYNAMIC_MAP,
-    FORMATS,
     FP4_CODE,
     NF4_CODE,
+    QUANTIZABLE,
     PackedWeight,
     bits_per_weight,
     dequantize_absmax,
@@ -34,6 +34,8 @@ from packlora.quant import (
     save_packed,
 )
 from packlora.quant.codebooks import FP4_PIVOTS, FP4_RANK_TO_CODE, NF4_PIVOTS
+
+from gguf_blocks import random_packed
 
 F32 = np.float32
 RNG = np.random.default_rng(1234)
@@ -257,7 +259,7 @@ def test_float64_and_float16_inputs():
 
 # -- sizes -----------------------------------------------------------------------------------------
 def test_packed_nbytes_equals_nbytes_everywhere():
-    for fmt in FORMATS:
+    for fmt in QUANTIZABLE:
         for dq in ((False, True) if fmt in ("nf4", "fp4") else (False,)):
             for bs in ((None, 32, 128, 4096) if not fmt.startswith("q") else (None,)):
                 for shape in ((33, 64), (1, 96), (5, 4128)):
@@ -276,7 +278,7 @@ def test_bits_per_weight():
 
 
 # -- errors ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANTIZABLE)
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_rejected_with_name(fmt, bad):
     x = RNG.standard_normal((2, 64)).astype(F32)
@@ -292,8 +294,9 @@ def test_float64_overflow_is_non_finite():
 
 def test_bad_inputs_rejected():
     x = np.ones((4, 64), F32)
-    with pytest.raises(QuantError, match="nf4, fp4, int8, q4_0, q4_1, q8_0"):
-        quantize(x, "q5_k", name="w")
+    with pytest.raises(QuantError, match="q5_k .*load them packed, or quantize to one of: "
+                                         "nf4, fp4, int8, q4_0, q4_1, q8_0, q5_0, q5_1$"):
+        quantize(np.ones((4, 256), F32), "q5_k", name="w")
     with pytest.raises(QuantError, match="multiple of 32"):
         quantize(np.ones((4, 40), F32), "q4_0", name="w")
     with pytest.raises(QuantError, match="2-D"):
@@ -325,8 +328,8 @@ def test_from_gguf_wraps_memmap_without_copy(tmp_path):
     np.testing.assert_array_equal(pw.dequantize(), want)
     pw2 = PackedWeight.from_gguf(GGMLQuantizationType.Q4_1, (6, 64), raw)
     assert np.shares_memory(pw2.buffers["blocks"], raw)
-    with pytest.raises(QuantError, match="Q4_0, Q4_1, Q8_0"):
-        PackedWeight.from_gguf("Q4_K", (6, 256), raw)
+    with pytest.raises(QuantError, match="IQ2_XS.*Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q2_K"):
+        PackedWeight.from_gguf("IQ2_XS", (6, 256), raw)
     with pytest.raises(QuantError, match="bytes"):
         PackedWeight.from_gguf("Q8_0", (6, 64), raw)
 
@@ -344,7 +347,8 @@ def test_to_device_tracks_base_packed():
 # -- safetensors I/O ------------------------------------------------------------
 def test_save_load_round_trip(tmp_path):
     x = RNG.standard_normal((8, 64)).astype(F32)
-    tensors = {f"w.{fmt}": quantize(x, fmt) for fmt in FORMATS}
+    tensors = {f"w.{fmt}": quantize(x, fmt) for fmt in QUANTIZABLE}
+    tensors["w.q4_k"] = random_packed("q4_k", 2, 256, RNG)     # K-quants load packed only
     tensors["w.nf4dq"] = quantize(x, "nf4", block_size=128, double_quant=True)
     tensors["norm"] = np.arange(5, dtype=F32)
     path = tmp_path / "model.safetensors"

@@ -5,6 +5,7 @@ import gguf
 import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES
+from gguf_blocks import random_blocks
 from packlora import QuantError
 from packlora.config import QuantConfig
 from packlora.kernels import format_ids
@@ -26,6 +27,7 @@ from packlora.quant import (
 from packlora.quant import formats as quant_formats
 
 GGUF_ENTRIES = [f for f in REGISTRY.values() if f.gguf_type is not None]
+QUANTIZABLE = [f for f in REGISTRY.values() if f.quantizable]
 
 
 def test_registry_names_are_the_public_formats():
@@ -45,7 +47,8 @@ def test_gguf_block_layout_matches_gguf(entry):
     assert packed_nbytes(entry.name, (3, 4 * elems)) == 3 * 4 * nbytes
 
 
-@pytest.mark.parametrize("entry", GGUF_ENTRIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("entry", [f for f in GGUF_ENTRIES if f.quantizable],
+                         ids=lambda f: f.name)
 def test_gguf_reference_codec_is_gguf_quants(entry):
     x = np.random.default_rng(3).standard_normal((4, 2 * entry.layout.elems)).astype(np.float32)
     buffers = entry.quantize(entry, x, entry.default_block_size, False, "w")
@@ -55,7 +58,19 @@ def test_gguf_reference_codec_is_gguf_quants(entry):
                                                               entry.gguf_type))
 
 
-@pytest.mark.parametrize("entry", list(REGISTRY.values()), ids=lambda f: f.name)
+@pytest.mark.parametrize("entry", GGUF_ENTRIES, ids=lambda f: f.name)
+def test_gguf_reference_decoder_is_gguf_quants(entry):
+    """Every GGUF type's decoder (K-quants included) on random blocks, ragged row counts."""
+    rng = np.random.default_rng(5)
+    for n, blocks in ((1, 1), (3, 2), (5, 6)):
+        raw = random_blocks(entry.name, n, blocks * entry.layout.elems, rng)
+        got = entry.dequantize(entry, {"blocks": raw}, (n, blocks * entry.layout.elems),
+                               entry.default_block_size)
+        want = gguf.quants.dequantize(raw, entry.gguf_type)
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("entry", QUANTIZABLE, ids=lambda f: f.name)
 def test_every_entry_round_trips_through_its_codec(entry):
     x = np.random.default_rng(4).standard_normal((6, 128)).astype(np.float32)
     pw = quantize(x, entry.name, double_quant=entry.double_quant)
@@ -76,7 +91,7 @@ def test_loaders_and_planner_keep_the_registry_types_packed():
     assert GGUF_TYPE_NAMES == tuple(f.gguf_name for f in GGUF_ENTRIES)
     for name in GGUF_TYPE_NAMES:  # the loader and the planner share gguf_packed_format
         assert gguf_packed_format(name) == BY_GGUF_NAME[name].name
-    assert gguf_packed_format("Q2_K") is None and gguf_packed_format("F32") is None
+    assert gguf_packed_format("IQ2_XS") is None and gguf_packed_format("F32") is None
     assert set(GGUF_TYPE_NAMES) <= set(SUPPORTED_TENSOR_TYPES)
 
 
@@ -94,6 +109,11 @@ def test_simd_layouts_derive_from_the_registry():
                                                                     reg.codes_at)
         assert (lay.scale_at, lay.min_at) == (reg.scale_at, reg.min_at)
     assert simd.LAYOUTS[simd.TAB4].stride == 16 and simd.LAYOUTS[simd.I8].stride == 32
+    assert set(simd.FORMAT_KINDS) == set(REGISTRY)
+    for name, kind in simd.FORMAT_KINDS.items():
+        lay, reg = simd.LAYOUTS[kind], REGISTRY[name]
+        if reg.storage == "ggml":
+            assert (lay.stride, lay.elems) == (reg.layout.nbytes, reg.layout.elems), name
 
 
 def test_buffers_checked_once_against_the_layout():

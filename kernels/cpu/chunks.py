@@ -20,15 +20,20 @@ LANES = 32
 # How a chunk's 32 codes turn into values (before scale), and where its scale comes from.
 VALUES = ("q4_0",   # 16 bytes: value j in the low nibble of byte j, j + 16 in the high; minus 8
           "q4",     # the same without the offset
+          "q5",     # q4 nibbles + bit j of the uint32 at high_at as bit 4 of value j, - offset
           "i8",     # 32 signed bytes
           "tab4",   # 16 bytes: value 2i in the high nibble of byte i, 2i+1 in the low; a table
-          "planes")  # one nibble plane of 32 bytes (+ high bits at high_at): K-quants
+          "planes")  # K-quants: value l = (byte l >> plane) & (2^code_bits - 1) of 32 bytes, or'd
+#                     with high_bits bits of byte l at high_at (>> high_shift) above, - offset
 SCALES = ("f16",      # the block header's fp16 d
           "f16_min",  # fp16 d and fp16 m: d * q + m
           "absmax",   # the absmax of flat block (g0 + c) >> sh
           "absmax_dq",  # the same, double-quantized
           "absmax_127",  # absmax / 127 (int8)
-          "sub")      # packed sub-block scales (K-quants: not decoded by the walker yet)
+          "k4",       # Q4_K/Q5_K: d * sc - dmin * mn, 6-bit (sc, mn) packed in 12 bytes
+          "k6",       # Q6_K: d * int8 scale, one per 16 lanes
+          "k2",       # Q2_K: d * (s & 15) - dmin * (s >> 4), a byte s per 16 lanes
+          "k3")       # Q3_K: d * (sc - 32), 6-bit sc per 16 lanes packed in 12 bytes
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ class Chunk:
     plane: int = 0
     high_at: int | None = None
     high_shift: int = 0
-    sub_scales: tuple = ()
+    sub_scales: tuple = ()     # sub-block scale index per 16 lanes (one: all 32 lanes)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,9 @@ class ChunkLayout:
     scale_at: int = 0
     min_at: int | None = None
     sub_scales_at: int | None = None
+    code_bits: int = 4         # "planes": bits of the low part of a code
+    high_bits: int = 0         # "planes": bits of its high part
+    offset: int = 0            # subtracted from every code ("q5", "planes")
 
     @property
     def elems(self):
@@ -79,3 +87,39 @@ def ggml_layout(name, values, scale):
 def flat_layout(name, values, scale):
     """A flat format's codes seen as one-chunk blocks of 32 codes (scales in their own buffer)."""
     return ChunkLayout(values, scale, LANES * REGISTRY[name].layout.code_bits // 8, (Chunk(0),))
+
+
+def q5_layout(name, scale):
+    """Q5_0 / Q5_1: one chunk, nibbles as q4, 32 high bits in a little-endian uint32."""
+    lay = REGISTRY[name].layout
+    return ChunkLayout("q5", scale, lay.nbytes, (Chunk(lay.codes_at, high_at=lay.high_bits_at),),
+                       lay.scale_at, lay.min_at, offset=16 if lay.min_at is None else 0)
+
+
+def _kquant(name, scale, chunk, **kw):
+    """A 256-value super-block as eight chunks; chunk(j, layout) places chunk j."""
+    lay = REGISTRY[name].layout
+    assert lay.elems == 8 * LANES, f"{name}: blocks of {lay.elems}"
+    return ChunkLayout("planes", scale, lay.nbytes, tuple(chunk(j, lay) for j in range(8)),
+                       lay.scale_at, lay.min_at, lay.sub_scales_at, **kw)
+
+
+def kquant_layouts():
+    """{format: layout} of the K-quants (value orders: quant/kquants.py)."""
+    pairs = (lambda j: (2 * j, 2 * j + 1))  # sub-blocks of 16: two per chunk
+    return {
+        "q2_k": _kquant("q2_k", "k2", lambda j, L: Chunk(
+            L.codes_at + 32 * (j // 4), plane=2 * (j % 4), sub_scales=pairs(j)), code_bits=2),
+        "q3_k": _kquant("q3_k", "k3", lambda j, L: Chunk(
+            L.codes_at + 32 * (j // 4), plane=2 * (j % 4), high_at=L.high_bits_at,
+            high_shift=j, sub_scales=pairs(j)), code_bits=2, high_bits=1, offset=4),
+        "q4_k": _kquant("q4_k", "k4", lambda j, L: Chunk(
+            L.codes_at + 32 * (j // 2), plane=4 * (j % 2), sub_scales=(j,))),
+        "q5_k": _kquant("q5_k", "k4", lambda j, L: Chunk(
+            L.codes_at + 32 * (j // 2), plane=4 * (j % 2), high_at=L.high_bits_at,
+            high_shift=j, sub_scales=(j,)), high_bits=1),
+        "q6_k": _kquant("q6_k", "k6", lambda j, L: Chunk(
+            L.codes_at + 64 * (j // 4) + 32 * (j % 2), plane=4 * (j % 4 // 2),
+            high_at=L.high_bits_at + 32 * (j // 4), high_shift=2 * (j % 4),
+            sub_scales=pairs(j)), high_bits=2, offset=32),
+    }

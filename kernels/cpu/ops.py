@@ -115,7 +115,7 @@ def linear_fwd(x, w, out, scratch, cap_elems):
     if x.shape[0] <= FUSED_MAX_M:
         _small_fwd(x, pk, N, out, x.size * N < gemv.PARALLEL_MIN)
         return out
-    return tiled_fwd(x, pk, N, out, scratch, cap_elems, column_align(pk[3]))
+    return tiled_fwd(x, pk, N, out, scratch, cap_elems, column_align(pk[3], w.format))
 
 
 def linear_bwd(dy, w, out, scratch, cap_elems):
@@ -127,7 +127,7 @@ def linear_bwd(dy, w, out, scratch, cap_elems):
     if dy.shape[0] <= FUSED_MAX_M_BWD:
         _small_bwd(dy, pk, K, out, dy.size * K < gemv.PARALLEL_MIN)
         return out
-    return tiled_bwd(dy, pk, K, out, scratch, cap_elems, column_align(pk[3]))
+    return tiled_bwd(dy, pk, K, out, scratch, cap_elems, column_align(pk[3], w.format))
 
 
 def dequantize_rows(w, n0, n1, out):

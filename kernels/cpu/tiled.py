@@ -10,7 +10,9 @@ Two tilings, both writing each output element in place (blas.gemm, beta = 1 afte
 """
 from numba import get_num_threads
 
+from ...quant.registry import GGML_ROWS, REGISTRY
 from .blas import REDUCTION_BLOCK, gemm
+from .chunks import LANES
 from .decode import decode_tile, decode_tile_par
 
 RC_MIN = 512  # reduction rows per BLAS call below which splitting the width pays instead
@@ -36,10 +38,13 @@ def _decoder(elems):
     return decode_tile if elems * (t - 1) < DECODE_SERIAL_MAX * t else decode_tile_par
 
 
-def column_align(K):
-    """Alignment of the columns of W's tiles: whole 32-value chunks keep every tile on the SIMD
-    decoders (rows of other lengths take the scalar one, any alignment)."""
-    return 32 if K % 32 == 0 else 1
+def column_align(K, fmt):
+    """Alignment of the columns of W's tiles (format `fmt`): whole blocks of a ggml format,
+    whole 32-value chunks of the others keep every tile on the SIMD decoders (rows of other
+    lengths take the scalar one, any alignment)."""
+    entry = REGISTRY[fmt]
+    unit = entry.layout.elems if entry.storage == GGML_ROWS else LANES
+    return unit if K % unit == 0 else 1
 
 
 def _round_down(v, align):

@@ -1,11 +1,11 @@
 """CUDA device functions that decode runs of a packed weight's elements (every format)."""
 
-import math
-
 from numba import cuda, float32, int32
 
 from ...quant import REGISTRY
 from ..format_ids import FP4, INT8, NF4, Q4_0, Q4_1, Q8_0
+from .bits import half_to_float, signed_byte
+from .decode_k import block_shape, block_value
 
 __all__ = ["FP4", "INT8", "NF4", "Q4_0", "Q4_1", "Q8_0", "decode_run"]
 
@@ -18,40 +18,6 @@ GGML_ELEMS = _Q4_0.elems
 GGML_SHIFT = GGML_ELEMS.bit_length() - 1
 assert GGML_ELEMS == 32 and _Q4_1.elems == _Q8_0.elems == GGML_ELEMS
 assert _Q4_0.scale_at == _Q4_1.scale_at == _Q8_0.scale_at == 0
-
-
-@cuda.jit(device=True, cache=True)
-def pow2(e):
-    """2**e as an exact float32 for -30 <= e <= 30."""
-    if e >= 0:
-        return float32(int32(1) << e)
-    return float32(1.0) / float32(int32(1) << (-e))
-
-
-@cuda.jit(device=True, cache=True)
-def half_to_float(lo, hi):
-    """IEEE fp16 (little-endian bytes lo, hi) -> float32, by bit arithmetic."""
-    h = int32(lo) | (int32(hi) << 8)
-    exp = (h >> 10) & 31
-    mant = h & 1023
-    if exp == 0:
-        val = float32(mant) * pow2(-24)
-    elif exp == 31:
-        val = float32(math.inf) if mant == 0 else float32(math.nan)
-    else:
-        val = float32(1024 + mant) * pow2(exp - 25)
-    if h & 0x8000:
-        return -val
-    return val
-
-
-@cuda.jit(device=True, cache=True)
-def signed_byte(v):
-    """uint8 -> the int8 with the same bits, as int32."""
-    s = int32(v)
-    if s >= 128:
-        s -= 256
-    return s
 
 
 @cuda.jit(device=True, cache=True)
@@ -84,6 +50,16 @@ def decode_run_flat(dst, r, c, dr, dc, cnt, i, fmt, bs, dq, q, absmax, amq, amco
             code = (byte >> 4) if (ii & 1) == 0 else (byte & 15)
             v = codebook[code] * scale
         dst[r + t * dr, c + t * dc] = v
+
+
+@cuda.jit(device=True, cache=True)
+def decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
+    """q5_0 / q5_1 / K-quants: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
+    elems, bpb = block_shape(fmt)
+    row = n * (kdim // elems) * bpb
+    for t in range(cnt):
+        kk = k + t
+        dst[r + t * dr, c + t * dc] = block_value(q, row + (kk // elems) * bpb, kk % elems, fmt)
 
 
 @cuda.jit(device=True, cache=True)
@@ -120,7 +96,9 @@ def decode_run(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, absmax, amq, 
     """dst[r + t*dr, c + t*dc] = W[n, k + t] for t < cnt, any format (W is (N, kdim))."""
     if cnt <= 0:
         return
-    if fmt >= Q4_0:
+    if fmt > Q8_0:
+        decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q)
+    elif fmt >= Q4_0:
         decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q)
     else:
         decode_run_flat(dst, r, c, dr, dc, cnt, n * kdim + k, fmt, bs, dq, q, absmax, amq,

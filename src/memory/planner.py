@@ -16,7 +16,7 @@ def scratch_need(storage, m, cap, backward):
     if m <= (FUSED_MAX_M_BWD if backward else FUSED_MAX_M):
         return 0
     n, k = storage.shape
-    align = column_align(k)
+    align = column_align(k, storage.format)
     pc, rc = tile_plan(k, n, cap, align, 1) if backward else tile_plan(n, k, cap, 1, align, m=m)
     return F32 * pc * rc
 

@@ -1,0 +1,122 @@
+"""CUDA device functions for the 5-bit ggml blocks (Q5_0/Q5_1) and the K-quant super-blocks
+(Q2_K..Q6_K): one value of a block from its bytes. The value orders are quant/kquants.py's;
+every offset is the registry layout's, baked into the kernels as constants."""
+from numba import cuda, float32, int32
+
+from ...quant import REGISTRY
+from ..format_ids import FORMAT_IDS
+from .bits import half_to_float, signed_byte
+
+Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (
+    FORMAT_IDS[n] for n in ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
+_L5_0, _L5_1, _L2, _L3, _L4, _L5, _L6 = (
+    REGISTRY[n].layout for n in ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
+Q5_0_BYTES, Q5_0_CODES, Q5_0_HIGH = _L5_0.nbytes, _L5_0.codes_at, _L5_0.high_bits_at
+Q5_1_BYTES, Q5_1_CODES, Q5_1_HIGH, Q5_1_MIN = (_L5_1.nbytes, _L5_1.codes_at, _L5_1.high_bits_at,
+                                               _L5_1.min_at)
+Q2_BYTES, Q2_CODES, Q2_SC, Q2_D, Q2_M = (_L2.nbytes, _L2.codes_at, _L2.sub_scales_at,
+                                         _L2.scale_at, _L2.min_at)
+Q3_BYTES, Q3_CODES, Q3_HIGH, Q3_SC, Q3_D = (_L3.nbytes, _L3.codes_at, _L3.high_bits_at,
+                                            _L3.sub_scales_at, _L3.scale_at)
+Q4_BYTES, Q4_CODES, Q4_SC, Q4_D, Q4_M = (_L4.nbytes, _L4.codes_at, _L4.sub_scales_at,
+                                         _L4.scale_at, _L4.min_at)
+Q5_BYTES, Q5_CODES, Q5_HIGH, Q5_SC, Q5_D, Q5_M = (_L5.nbytes, _L5.codes_at, _L5.high_bits_at,
+                                                  _L5.sub_scales_at, _L5.scale_at, _L5.min_at)
+Q6_BYTES, Q6_CODES, Q6_HIGH, Q6_SC, Q6_D = (_L6.nbytes, _L6.codes_at, _L6.high_bits_at,
+                                            _L6.sub_scales_at, _L6.scale_at)
+
+assert (Q4_SC, Q4_D, Q4_M) == (Q5_SC, Q5_D, Q5_M)  # _q45_k reads both at the same bytes
+
+
+@cuda.jit(device=True, cache=True)
+def block_shape(fmt):
+    """(values, bytes) per block of a format decoded here."""
+    if fmt == Q5_0:
+        return 32, Q5_0_BYTES
+    if fmt == Q5_1:
+        return 32, Q5_1_BYTES
+    if fmt == Q2_K:
+        return 256, Q2_BYTES
+    if fmt == Q3_K:
+        return 256, Q3_BYTES
+    if fmt == Q4_K:
+        return 256, Q4_BYTES
+    if fmt == Q5_K:
+        return 256, Q5_BYTES
+    return 256, Q6_BYTES
+
+
+@cuda.jit(device=True, cache=True)
+def _f16(q, at):
+    return half_to_float(q[at], q[at + 1])
+
+
+@cuda.jit(device=True, cache=True)
+def _q5(q, base, j, fmt):
+    codes = base + (Q5_0_CODES if fmt == Q5_0 else Q5_1_CODES)
+    hi = base + (Q5_0_HIGH if fmt == Q5_0 else Q5_1_HIGH)
+    low = (int32(q[codes + j]) & 15) if j < 16 else (int32(q[codes + j - 16]) >> 4)
+    code = low | (((int32(q[hi + (j >> 3)]) >> (j & 7)) & 1) << 4)
+    if fmt == Q5_0:
+        return float32(code - 16) * _f16(q, base)
+    return float32(code) * _f16(q, base) + _f16(q, base + Q5_1_MIN)
+
+
+@cuda.jit(device=True, cache=True)
+def _scale_min_k4(q, at, s):
+    """get_scale_min_k4: 6-bit scale and min of sub-block s (0..7) from 12 bytes at `at`."""
+    if s < 4:
+        return int32(q[at + s]) & 63, int32(q[at + s + 4]) & 63
+    sc = (int32(q[at + s + 4]) & 15) | ((int32(q[at + s - 4]) >> 6) << 4)
+    mn = (int32(q[at + s + 4]) >> 4) | ((int32(q[at + s]) >> 6) << 4)
+    return sc, mn
+
+
+@cuda.jit(device=True, cache=True)
+def _q45_k(q, base, j, fmt):
+    """Q4_K / Q5_K value j: nibble (j // 32) % 2 of byte 32 (j // 64) + j % 32."""
+    codes = base + (Q4_CODES if fmt == Q4_K else Q5_CODES)
+    s = j >> 5
+    code = (int32(q[codes + 32 * (j >> 6) + (j & 31)]) >> (4 * (s & 1))) & 15
+    if fmt == Q5_K:
+        code |= ((int32(q[base + Q5_HIGH + (j & 31)]) >> s) & 1) << 4
+    sc, mn = _scale_min_k4(q, base + Q4_SC, s)  # Q4_SC == Q5_SC, d and dmin at the same bytes
+    return _f16(q, base + Q4_D) * float32(sc) * float32(code) - _f16(q, base + Q4_M) * float32(mn)
+
+
+@cuda.jit(device=True, cache=True)
+def _q6_k(q, base, j):
+    h, r = j >> 7, j & 127
+    jj, lane = r >> 5, r & 31
+    low = (int32(q[base + Q6_CODES + 64 * h + 32 * (jj & 1) + lane]) >> (4 * (jj >> 1))) & 15
+    high = (int32(q[base + Q6_HIGH + 32 * h + lane]) >> (2 * jj)) & 3
+    sc = signed_byte(q[base + Q6_SC + (j >> 4)])
+    return _f16(q, base + Q6_D) * float32(sc) * float32((low | (high << 4)) - 32)
+
+
+@cuda.jit(device=True, cache=True)
+def _q23_k(q, base, j, fmt):
+    h, jj, lane = j >> 7, (j & 127) >> 5, j & 31
+    codes = base + (Q2_CODES if fmt == Q2_K else Q3_CODES)
+    code = (int32(q[codes + 32 * h + lane]) >> (2 * jj)) & 3
+    i = j >> 4
+    if fmt == Q2_K:
+        s = int32(q[base + Q2_SC + i])
+        return (_f16(q, base + Q2_D) * float32(s & 15) * float32(code)
+                - _f16(q, base + Q2_M) * float32(s >> 4))
+    code = code | (((int32(q[base + Q3_HIGH + lane]) >> (j >> 5)) & 1) << 2)
+    low = (int32(q[base + Q3_SC + (i & 7)]) >> (4 * (i >> 3))) & 15
+    sc = low | (((int32(q[base + Q3_SC + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3) << 4)
+    return _f16(q, base + Q3_D) * float32(sc - 32) * float32(code - 4)
+
+
+@cuda.jit(device=True, cache=True)
+def block_value(q, base, j, fmt):
+    """Value j of the block of format `fmt` whose bytes start at q[base]."""
+    if fmt == Q5_0 or fmt == Q5_1:
+        return _q5(q, base, j, fmt)
+    if fmt == Q4_K or fmt == Q5_K:
+        return _q45_k(q, base, j, fmt)
+    if fmt == Q6_K:
+        return _q6_k(q, base, j)
+    return _q23_k(q, base, j, fmt)
