@@ -1,18 +1,28 @@
-"""CUDA packed linear (fused dequant-GEMM) vs cupy dense float32 matmul, per layer shape (JSON)."""
+"""GPU packed linear (forward y = x @ W.T and backward dx = dy @ W) against cuBLAS, as JSON.
+
+Three ways to the same product, taking turns call by call (CUDA-event times, median and best):
+  packed        packlora's entry point with a Device: fused decode-and-multiply for M <= 16,
+                decoded tiles of W (at most the device's scratch) through cuBLAS above;
+  deq_cublas    decode the whole W into a fresh dense array, then cuBLAS (what bitsandbytes
+                does per matmul, the dense copy included);
+  dense         cuBLAS on a dense W that already exists (the floor: no decode at all).
+All float32 (cuBLAS sgemm). Weights are random codes with small scales (timing does not depend
+on the values); each result is checked against the dense product.
+
+Usage: python bench/kernels_cuda.py [--formats nf4+dq,q4_k,q8_0] [--ms 1,16,512,4096] [--reps 10]
+"""
 import argparse
 import json
 import sys
 
 import numpy as np
+from kernels import random_packed  # bench/kernels.py: random codes for every format
+from packlora import Device
+from packlora.kernels import dequantize_rows, linear_bwd, linear_fwd
 
-# (name, N = out_features, K = in_features)
-SHAPES = {
-    "smollm2-135m": [("q_o", 576, 576), ("k_v", 192, 576), ("gate_up", 1536, 576),
-                     ("down", 576, 1536)],
-    "llama-2-7b": [("qkvo", 4096, 4096), ("gate_up", 11008, 4096), ("down", 4096, 11008)],
-}
-BATCHES = (1, 8, 64, 512, 2048)
-FORMATS = ("nf4", "nf4_dq", "fp4", "int8", "q4_0", "q4_1", "q8_0")
+SHAPES = {"attn": (4096, 4096), "up": (11008, 4096), "down": (4096, 11008)}   # (N, K)
+FORMATS = ("nf4+dq", "q4_k", "q8_0")
+MS = (1, 16, 512, 4096)
 
 
 def _gpu():
@@ -23,83 +33,88 @@ def _gpu():
             return None
     except (ImportError, RuntimeError):  # no cupy, no driver, no device
         return None
-    from numba import config
-    return None if config.ENABLE_CUDASIM else cupy
+    return cupy
 
 
-def _time(cp, fn, reps):
-    """Median seconds of fn() over reps runs, timed with CUDA events."""
+def _event_time(cp, fn):
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
     fn()
-    cp.cuda.get_current_stream().synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / 1e3
+
+
+def _turns(cp, calls, reps):
+    """{name: (median s, best s)}: the calls take turns, rep after rep (after one warm-up)."""
+    for fn in calls.values():
         fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
-    return float(np.median(times))
+    cp.cuda.get_current_stream().synchronize()
+    times = {name: [] for name in calls}
+    for _ in range(reps):
+        for name, fn in calls.items():
+            times[name].append(_event_time(cp, fn))
+    return {n: (float(np.median(t)), float(min(t))) for n, t in times.items()}
 
 
-def _weight(cp, fmt, n, k, rng):
-    from packlora import Device
-    from packlora.quant import quantize
-    base, _, dq = fmt.partition("_")
-    w = quantize(rng.standard_normal((n, k)).astype(np.float32), base,
-                 double_quant=bool(dq))
-    return w.to_device(Device.cuda(0)), cp.asarray(w.dequantize())   # packed, dense (N, K)
+def _rel(cp, got, ref):
+    return float(cp.abs(got - ref).max() / cp.abs(ref).max())
 
 
-def _timings(cp, ops, w, dense, x, dy, y, dx, reps):
-    """Seconds of packed and dense fwd / bwd for one batch."""
-    return {"fwd_packed": _time(cp, lambda: ops.linear_fwd(x, w, out=y), reps),
-            "fwd_dense": _time(cp, lambda: x @ dense.T, reps),
-            "bwd_packed": _time(cp, lambda: ops.linear_bwd(dy, w, out=dx), reps),
-            "bwd_dense": _time(cp, lambda: dy @ dense, reps)}
+def bench(cp, dev, fmt, n, k, ms, reps, rng):
+    w = random_packed(fmt, n, k, rng).to_device(dev)
+    dense = cp.empty((n, k), cp.float32)
+    dequantize_rows(w, 0, n, dense)                                    # (N, K)
 
-
-def _bench_shape(cp, fmt, n, k, batches, reps, rng):
-    from packlora.kernels.cuda import ops
-    w, dense = _weight(cp, fmt, n, k, rng)
+    def deq():
+        full = cp.empty((n, k), cp.float32)
+        return dequantize_rows(w, 0, n, full)
     rows = []
-    for m in batches:
-        x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))       # (M, K)
-        dy = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))      # (M, N)
-        y, dx = ops.linear_fwd(x, w), ops.linear_bwd(dy, w)
-        err = max(float(cp.abs(y - x @ dense.T).max() / cp.abs(x @ dense.T).max()),
-                  float(cp.abs(dx - dy @ dense).max() / cp.abs(dy @ dense).max()))
-        t = _timings(cp, ops, w, dense, x, dy, y, dx, reps)
-        rows.append({"M": m, **{f"{key}_ms": v * 1e3 for key, v in t.items()},
-                     "fwd_ratio": t["fwd_packed"] / t["fwd_dense"],
-                     "bwd_ratio": t["bwd_packed"] / t["bwd_dense"],
-                     "max_rel_err": err,
-                     "packed_bytes": w.nbytes, "dense_bytes": int(dense.nbytes)})
+    for m in ms:
+        x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32))   # (M, K)
+        dy = cp.asarray(rng.standard_normal((m, n), dtype=np.float32))  # (M, N)
+        err = max(_rel(cp, linear_fwd(x, w, device=dev), x @ dense.T),
+                  _rel(cp, linear_bwd(dy, w, device=dev), dy @ dense))
+        fwd = _turns(cp, {"packed": lambda: linear_fwd(x, w, device=dev),
+                          "deq_cublas": lambda: x @ deq().T, "dense": lambda: x @ dense.T}, reps)
+        bwd = _turns(cp, {"packed": lambda: linear_bwd(dy, w, device=dev),
+                          "deq_cublas": lambda: dy @ deq(), "dense": lambda: dy @ dense}, reps)
+        row = {"M": m, "max_rel_err": err}
+        for name, t in (("fwd", fwd), ("bwd", bwd)):
+            row.update({f"{name}_{side}_ms": round(t[side][0] * 1e3, 4) for side in t})
+            row[f"{name}_vs_deq_cublas"] = round(t["packed"][0] / t["deq_cublas"][0], 3)
+            row[f"{name}_vs_dense"] = round(t["packed"][0] / t["dense"][0], 3)
+        rows.append(row)
     return rows
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--formats", default="nf4,q4_1,q8_0", help=f"comma list of {FORMATS}")
-    p.add_argument("--models", default=",".join(SHAPES))
-    p.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    p.add_argument("--formats", default=",".join(FORMATS))
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--scratch-mib", type=int, default=None, help="device default if unset")
     args = p.parse_args(argv)
     cp = _gpu()
     if cp is None:
-        print(json.dumps({"skipped": "no CUDA GPU"}))
+        print(json.dumps({"skipped": "no CUDA GPU (cupy and a device are needed)"}))
         return 0
+    dev = Device.cuda(0)
+    if args.scratch_mib:
+        dev.set_scratch_cap(args.scratch_mib << 20)
     rng = np.random.default_rng(0)
-    batches = [int(b) for b in args.batches.split(",")]
+    ms = [int(v) for v in args.ms.split(",")]
     results = []
-    for model in args.models.split(","):
-        for layer, n, k in SHAPES[model]:
-            for fmt in args.formats.split(","):
-                for row in _bench_shape(cp, fmt, n, k, batches, args.reps, rng):
-                    results.append({"model": model, "layer": layer, "N": n, "K": k,
-                                    "format": fmt, **row})
-    print(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                      "results": results}, indent=1))
+    for shape in args.shapes.split(","):
+        n, k = SHAPES[shape]
+        for fmt in args.formats.split(","):
+            for row in bench(cp, dev, fmt, n, k, ms, args.reps, rng):
+                results.append({"shape": shape, "N": n, "K": k, "format": fmt, **row})
+                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    print(json.dumps({"device": props["name"].decode(), "scratch_mib": dev.scratch_cap >> 20,
+                      "precision": "float32 (cuBLAS sgemm)", "results": results}, indent=1))
     return 0
 
 

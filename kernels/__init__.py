@@ -13,6 +13,7 @@ from .cpu.tiled import column_align
 from .cpu.tiled import plan as tile_plan
 from .cuda import ops as cuda_ops
 from .cuda import rows as cuda_rows
+from .cuda import tiled as cuda_tiled
 from .fused_rows import (
     ce_backward_,
     ce_forward,
@@ -58,6 +59,18 @@ def _scratch_of(device):
     return (lambda nelem: device.scratch(nelem, np.float32)), device.scratch_cap // 4
 
 
+def _cuda_scratch_of(device):
+    """The GPU products tile through the device's scratch; without a Device they stay fused."""
+    return (None, 0) if device is None else _scratch_of(device)
+
+
+def cuda_scratch_need(n, k, m, cap_bytes):
+    """Bytes of scratch a GPU product of M rows with a packed W (N, K) takes (both passes)."""
+    if m <= cuda_ops.FUSED_MAX_M:
+        return 0
+    return 4 * cuda_tiled.scratch_elems(n, k, cap_bytes // 4)
+
+
 def _check(a, name, cols, w):
     a = np.ascontiguousarray(a, dtype=np.float32)
     if a.ndim != 2 or a.shape[1] != cols:
@@ -78,7 +91,8 @@ def _out(out, shape, name):
 def linear_fwd(x, w, device=None, out=None):
     """y (M, N) float32 = x (M, K) @ W.T for a PackedWeight W of logical shape (N, K)."""
     if _is_cuda(w):
-        return cuda_ops.linear_fwd(x, w, out=out)
+        scratch, cap = _cuda_scratch_of(device)
+        return cuda_ops.linear_fwd(x, w, out=out, scratch=scratch, cap_elems=cap)
     N, K = (int(s) for s in w.shape)
     x = _check(x, "x", K, w)
     y = _out(out, (x.shape[0], N), "linear_fwd")
@@ -89,7 +103,8 @@ def linear_fwd(x, w, device=None, out=None):
 def linear_bwd(dy, w, device=None, out=None):
     """dx (M, K) float32 = dy (M, N) @ W for a PackedWeight W of logical shape (N, K)."""
     if _is_cuda(w):
-        return cuda_ops.linear_bwd(dy, w, out=out)
+        scratch, cap = _cuda_scratch_of(device)
+        return cuda_ops.linear_bwd(dy, w, out=out, scratch=scratch, cap_elems=cap)
     N, K = (int(s) for s in w.shape)
     dy = _check(dy, "dy", N, w)
     dx = _out(out, (dy.shape[0], K), "linear_bwd")
@@ -151,4 +166,5 @@ def _cuda_rows(w, rows, out):
 __all__ = ["linear_fwd", "linear_bwd", "dequantize_rows", "gather_rows", "add_product",
            "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope_rotate", "softmax_",
            "probs_t_", "dscores_t_", "ce_forward", "ce_backward_", "DEFAULT_SCRATCH_CAP",
-           "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD", "column_align", "tile_plan"]
+           "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD", "column_align", "tile_plan",
+           "cuda_scratch_need"]

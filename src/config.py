@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from .config_errors import format_errors, section_model, suggest
+from .device import DEFAULT_SCRATCH_MIB
 from .errors import ConfigError
 from .quant import FORMATS
 from .quant.registry import FIXED_BLOCK
@@ -228,7 +229,8 @@ class RunConfig(_Section):
     resume: str | None = None
     resume_allow: list[str] = []  # settings (key paths, or "data") a resume may find changed
     overwrite: bool = False
-    scratch_mib: Int = Field(8, ge=1, le=4096)  # dense scratch cap of the packed kernels
+    # dense scratch cap of the packed kernels; unset: the device's default (DEFAULT_SCRATCH_MIB)
+    scratch_mib: Int | None = Field(None, ge=1, le=4096)
     output_dir: str = Field("runs/run", min_length=1)
 
     @field_validator("device")
@@ -237,6 +239,12 @@ class RunConfig(_Section):
         if not re.fullmatch(r"cpu|cuda(:\d+)?", value):
             raise ValueError(f"expected 'cpu', 'cuda' or 'cuda:N', got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _device_scratch(self) -> RunConfig:
+        if self.scratch_mib is None:
+            self.scratch_mib = DEFAULT_SCRATCH_MIB[self.device.split(":")[0]]
+        return self
 
     @field_validator("resume")
     @classmethod

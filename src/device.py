@@ -3,12 +3,15 @@ import numpy as np
 
 from . import _env  # noqa: F401  (thread-pool settings before numpy/numba load)
 from .errors import DeviceError
+from .rng import CountingRng
 from .tracker import MemoryTracker
 
 _STATES = {}
-# Bytes of dense scratch the packed kernels may hold (a run config's `scratch_mib` sets it).
-# Larger tiles make the backward's BLAS calls less thin: 8 MiB is ~1.1-1.3x dense on 7B shapes.
-DEFAULT_SCRATCH_CAP = 8 << 20
+# MiB of dense scratch the packed kernels may hold by default (a run config's `scratch_mib`
+# overrides it). CPU: larger tiles make the backward's BLAS calls less thin, 8 MiB is
+# ~1.1-1.3x dense on 7B shapes. GPU: a tile must give cuBLAS enough work to fill the chip.
+DEFAULT_SCRATCH_MIB = {"cpu": 8, "cuda": 64}
+DEFAULT_SCRATCH_CAP = DEFAULT_SCRATCH_MIB["cpu"] << 20
 
 
 class _State:
@@ -17,9 +20,9 @@ class _State:
     def __init__(self, kind, xp):
         self.xp = xp
         self.memory = MemoryTracker(kind, None if kind == "cpu" else xp.get_default_memory_pool())
-        self.rng = None
+        self.rng = _make_rng(kind, xp, None)
         self.seed_value = None
-        self.scratch_cap = DEFAULT_SCRATCH_CAP
+        self.scratch_cap = DEFAULT_SCRATCH_MIB[kind] << 20
         self.scratch = None
 
 
@@ -29,17 +32,20 @@ def _load_cupy(index):
     except ImportError as exc:
         raise DeviceError(
             "CUDA device requested but cupy is not installed. Install the CUDA extra: "
-            "pip install 'packlora[cuda]' (cupy-cuda12x and numba-cuda[cu12])"
+            "pip install 'packlora[cuda]' (CUDA 12: cupy-cuda12x, numba-cuda[cu12]) or "
+            "'packlora[cuda13]' (CUDA 13: cupy-cuda13x, numba-cuda[cu13])"
         ) from exc
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # cupy raises CUDARuntimeError or driver load errors
         raise DeviceError(
             f"CUDA device requested but no usable NVIDIA driver/GPU was found ({exc}). "
-            "Use device: cpu, or install the NVIDIA driver and pip install 'packlora[cuda]'"
+            "Use device: cpu, or install the NVIDIA driver and pip install 'packlora[cuda]' "
+            "(or 'packlora[cuda13]')"
         ) from None
     if index >= count:
         raise DeviceError(f"cuda:{index} requested but this machine has {count} CUDA device(s)")
+    cupy.cuda.Device(index).use()
     return cupy
 
 
@@ -48,12 +54,13 @@ def _state(kind, index):
     if key not in _STATES:
         xp = np if kind == "cpu" else _load_cupy(index)
         _STATES[key] = _State(kind, xp)
-        _STATES[key].rng = _make_rng(xp, None)
     return _STATES[key]
 
 
-def _make_rng(xp, seed):
-    return xp.random.default_rng(seed)
+def _make_rng(kind, xp, seed):
+    """numpy's Generator on the CPU (its state saves as JSON); on a GPU a generator whose state
+    is (seed, draws), since cupy's generators cannot save theirs."""
+    return xp.random.default_rng(seed) if kind == "cpu" else CountingRng(xp, seed)
 
 
 class Device:
@@ -69,6 +76,8 @@ class Device:
         self.index = int(index)
         self._autodiff = bool(autodiff)
         self._state = _state(kind, self.index)
+        if kind == "cuda":  # allocations and launches of this device go to GPU `index`
+            self._state.xp.cuda.Device(self.index).use()
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -127,13 +136,19 @@ class Device:
     def seed(self, n):
         """Reset the device's random generator; the same seed gives the same numbers."""
         self._state.seed_value = int(n)
-        self._state.rng = _make_rng(self.xp, int(n))
+        self._state.rng = _make_rng(self.kind, self.xp, int(n))
 
     def rng_state(self):
-        return self._state.rng.bit_generator.state
+        """The generator's state as JSON-able data (checkpoints, recomputed dropout)."""
+        rng = self._state.rng
+        return rng.state if isinstance(rng, CountingRng) else rng.bit_generator.state
 
     def set_rng_state(self, state):
-        self._state.rng.bit_generator.state = state
+        rng = self._state.rng
+        if isinstance(rng, CountingRng):
+            rng.state = state
+        else:
+            rng.bit_generator.state = state
 
     def sync(self):
         if self.kind == "cuda":

@@ -25,7 +25,8 @@ class MemoryTracker:
 
     Arrays are tracked by the buffer that owns their memory, so views are never counted twice.
     The independent measure is tracemalloc on the CPU (numpy reports its allocations to it) and
-    cupy's memory pool on a GPU (`pool`, handed in by the device).
+    cupy's memory pool on a GPU (`pool`, handed in by the device). The pool keeps no peak of its
+    own: while measuring, its used bytes are sampled at every tracked allocation.
     """
 
     def __init__(self, kind="cpu", pool=None):
@@ -38,6 +39,7 @@ class MemoryTracker:
         self._live = {}  # id(owner) -> (nbytes, category)
         self._stack = ["workspace"]
         self.enabled = True
+        self._pool_peak = None  # max sampled pool.used_bytes() while measuring on a GPU
 
     # -- categories ---------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -97,6 +99,8 @@ class MemoryTracker:
         self.total += nbytes
         if self.total > self.total_peak:
             self.total_peak = self.total
+        if self._pool_peak is not None and nbytes > 0:
+            self._pool_peak = max(self._pool_peak, self.pool.used_bytes())
 
     def _release(self, key):
         entry = self._live.pop(key, None)
@@ -110,11 +114,16 @@ class MemoryTracker:
         self.total_peak = self.total
         if self.kind == "cpu" and tracemalloc.is_tracing():
             tracemalloc.reset_peak()
+        if self._pool_peak is not None:
+            self._pool_peak = self.pool.used_bytes()
 
     def start_process_measure(self):
-        """Turn on the independent measure (tracemalloc on CPU); cheap to call twice."""
+        """Turn on the independent measure (tracemalloc on CPU, pool sampling on a GPU); cheap
+        to call twice."""
         if self.kind == "cpu" and not tracemalloc.is_tracing():
             tracemalloc.start()
+        if self.pool is not None and self._pool_peak is None:
+            self._pool_peak = self.pool.used_bytes()
 
     def process_measure(self):
         """(current, peak) bytes from the independent measure, or (None, None) if it is off."""
@@ -122,9 +131,11 @@ class MemoryTracker:
             if not tracemalloc.is_tracing():
                 return None, None
             return tracemalloc.get_traced_memory()
-        if self.pool is None:
+        if self._pool_peak is None:
             return None, None
-        return self.pool.used_bytes(), self.pool.total_bytes()
+        used = self.pool.used_bytes()
+        self._pool_peak = max(self._pool_peak, used)
+        return used, self._pool_peak
 
     def snapshot(self):
         """Per-category current and peak bytes, tracked totals and the process measure."""

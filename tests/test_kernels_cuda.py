@@ -6,15 +6,25 @@ import sys
 
 import numpy as np
 import pytest
+from gguf_blocks import random_packed
 
 VARIANTS = [("nf4", False), ("nf4", True), ("fp4", False), ("fp4", True), ("int8", False),
-            ("q4_0", False), ("q4_1", False), ("q8_0", False)]
+            ("q4_0", False), ("q4_1", False), ("q8_0", False), ("q5_0", False), ("q5_1", False)]
 SHAPES = [(1, 33, 96), (7, 64, 32), (9, 1, 96)]  # (M, N, K)
+# ggml super-blocks of 256 (random bytes with small fp16 scales: not quantized from float here)
+KQUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+KQUANT_SHAPES = [(3, 9, 512), (1, 5, 256)]
 # nf4/fp4/int8 only: blocks straddle rows, a tail block; odd numel (pad nibble), block 32.
 FLAT_SHAPES = [((7, 33, 100), 64), ((5, 9, 99), 32)]
 # (fmt, dq, shape, block, tile args): other tile shapes (32 threads each).
 TILE_CASES = [("nf4", True, (17, 20, 100), 64, (16, 16, 16, 4, 2, 4)),
               ("q4_1", False, (9, 40, 64), 32, (8, 32, 32, 4, 8, 8))]
+# The tiles a GPU launches (kernels/cuda/ops.py), 256 threads each, on small ragged shapes; K
+# long enough that the reduction is split across blocks (atomic adds). M <= GEMV_MAX_M without
+# a tile (the other cases of M <= 4) runs the GEMV kernels (gemv.py).
+PRODUCTION_CASES = [("nf4", True, (5, 70, 192), "SMALL_M_TILE"),
+                    ("q4_k", False, (3, 66, 256), "SMALL_M_TILE"),
+                    ("q8_0", False, (20, 65, 160), "LARGE_M_TILE")]
 
 
 def _cases():
@@ -27,9 +37,15 @@ def _cases():
         if fmt in ("nf4", "fp4", "int8"):
             for shape, bs in FLAT_SHAPES:
                 cases[f"{name}-{'x'.join(map(str, shape))}-bs{bs}"] = (fmt, dq, shape, bs, None)
+    for fmt in KQUANTS:
+        for shape in KQUANT_SHAPES:
+            cases[f"{fmt}-{'x'.join(map(str, shape))}"] = (fmt, False, shape, None, None)
     for fmt, dq, shape, bs, tile in TILE_CASES:
         cases[f"{fmt}{'_dq' if dq else ''}-{'x'.join(map(str, shape))}-tile{tile[:3]}"] = (
             fmt, dq, shape, bs, tile)
+    for fmt, dq, shape, tile in PRODUCTION_CASES:
+        cases[f"{fmt}{'_dq' if dq else ''}-{'x'.join(map(str, shape))}-{tile}"] = (
+            fmt, dq, shape, None, tile)
     return cases
 
 
@@ -43,12 +59,15 @@ def _rel_err(got, ref):
 
 def _sim_case(ops, Tile, quantize, rng, case):
     fmt, dq, (m, n, k), bs, tile = case
-    w = quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, block_size=bs,
-                 double_quant=dq)
+    if fmt in KQUANTS:
+        w = random_packed(fmt, n, k, rng)
+    else:
+        w = quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, block_size=bs,
+                     double_quant=dq)
     dense = w.dequantize()                                              # (N, K)
     x = rng.standard_normal((m, k)).astype(np.float32)                  # (M, K)
     dy = rng.standard_normal((m, n)).astype(np.float32)                 # (M, N)
-    tile = Tile(*tile) if tile else None
+    tile = getattr(ops, tile) if isinstance(tile, str) else Tile(*tile) if tile else None
     y = ops.linear_fwd(x, w, tile=tile)
     dx = ops.linear_bwd(dy, w, tile=tile)
     return {"fwd": _rel_err(y, x @ dense.T), "bwd": _rel_err(dx, dy @ dense),

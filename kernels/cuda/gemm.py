@@ -99,10 +99,14 @@ def _build(TM, TC, TR, RM, RN, SEG):
                     acc[i, j] += am[i] * bn[j]
 
     @cuda.jit(cache=True)
-    def packed_gemm(a, c, bwd, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale, amoff, cb):
+    def packed_gemm(a, c, bwd, span, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale, amoff,
+                    cb):
         # a: (M, R) float32; c: (M, C) float32. Logical W is (N, kdim).
         # fwd (bwd=0): R = kdim, C = N, B[r, col] = W[col, r]  -> c = a @ W.T
         # bwd (bwd=1): R = N, C = kdim, B[r, col] = W[r, col]  -> c = a @ W
+        # Block z covers reductions [z*span, (z+1)*span), span a multiple of TR (so only the
+        # last tile of all can pass rdim); with more than one, c (zeroed by the caller) receives
+        # each part by atomic adds.
         a_s = cuda.shared.array(shape=(TR, TM_PAD), dtype=float32)
         b_s = cuda.shared.array(shape=(TR, TC_PAD), dtype=float32)
         acc = cuda.local.array(shape=(RM, RN), dtype=float32)
@@ -119,18 +123,24 @@ def _build(TM, TC, TR, RM, RN, SEG):
         for i in range(RM):
             for j in range(RN):
                 acc[i, j] = float32(0.0)
-        for r0 in range(0, rdim, TR):
+        rbeg = cuda.blockIdx.z * span
+        rend = min(rdim, rbeg + span)
+        for r0 in range(rbeg, rend, TR):
             load_a(a, a_s, m0, r0, mdim, rdim, tid)
             load_b(b_s, r0, c0, tid, bwd, ndim, kdim, fmt, bs, dq, q, absmax, amq, amcode,
                    amscale, amoff, cb)
             cuda.syncthreads()
             mac(a_s, b_s, acc, am, bn, tx, ty)
             cuda.syncthreads()
+        split = cuda.gridDim.z > 1
         for i in range(RM):
             m = m0 + ty + i * BY
             for j in range(RN):
                 col = c0 + tx + j * BX
                 if m < mdim and col < cdim:
-                    c[m, col] = acc[i, j]
+                    if split:
+                        cuda.atomic.add(c, (m, col), acc[i, j])
+                    else:
+                        c[m, col] = acc[i, j]
 
     return packed_gemm

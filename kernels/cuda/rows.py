@@ -2,21 +2,24 @@
 from numba import cuda
 
 from .decode import decode_run
-from .ops import _array_module, _weight_args, launch
+from .launch import array_module, launch, weight_args
 
-RUN = 32  # elements one thread decodes; a multiple of the ggml block, so runs stay aligned
-THREADS = 128
+RUN = 16  # elements one thread decodes, THREADS apart: a warp reads and writes neighbours
+THREADS = 256
 
 
 @cuda.jit(cache=True)
 def _gather_kernel(rows, out, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale, amoff,
                    codebook):
     i = cuda.blockIdx.y
-    c0 = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * RUN
-    if i < rows.shape[0] and c0 < kdim:
-        cnt = min(RUN, kdim - c0)
-        decode_run(out, i, c0, 0, 1, cnt, rows[i], c0, kdim, fmt, bs, dq, q, absmax, amq,
-                   amcode, amscale, amoff, codebook)
+    if i >= rows.shape[0]:
+        return
+    c = cuda.blockIdx.x * RUN * THREADS + cuda.threadIdx.x
+    for _ in range(RUN):
+        if c < kdim:
+            decode_run(out, i, c, 0, 1, 1, rows[i], c, kdim, fmt, bs, dq, q, absmax, amq,
+                       amcode, amscale, amoff, codebook)
+        c += THREADS
 
 
 def gather_rows(w, rows, out):
@@ -26,6 +29,6 @@ def gather_rows(w, rows, out):
     if rows.size == 0 or k == 0:
         return out
     grid = (-(-k // (RUN * THREADS)), int(rows.size))
-    launch(_gather_kernel, grid, THREADS, [rows, out] + _weight_args(w, _array_module(out)),
+    launch(_gather_kernel, grid, THREADS, [rows, out] + weight_args(w, array_module(out)),
            result=1)
     return out

@@ -1,5 +1,12 @@
 """The memory plan: bytes per category and the step's peak, from the config alone (no weights)."""
-from ..kernels import CPU_GEMM_ACCUMULATES, FUSED_MAX_M, FUSED_MAX_M_BWD, column_align, tile_plan
+from ..kernels import (
+    CPU_GEMM_ACCUMULATES,
+    FUSED_MAX_M,
+    FUSED_MAX_M_BWD,
+    column_align,
+    cuda_scratch_need,
+    tile_plan,
+)
 from ..lora_targets import layer_index
 from ..tracker import CATEGORIES
 from .activations import F32, BlockModel
@@ -8,11 +15,13 @@ from .inputs import plan_inputs
 
 # ----------------------------------------------------------------------------- dense scratch
 
-def scratch_need(storage, m, cap, backward):
+def scratch_need(storage, m, cap, backward, cuda=False):
     """Scratch bytes of one packed matmul with m rows (0 on the small-batch paths, which the
     kernels take up to FUSED_MAX_M rows): one tile as the kernels' own planner chooses it."""
     if not storage.packed:
         return 0
+    if cuda:
+        return cuda_scratch_need(*storage.shape, m, F32 * cap)
     if m <= (FUSED_MAX_M_BWD if backward else FUSED_MAX_M):
         return 0
     n, k = storage.shape
@@ -46,16 +55,16 @@ def dense_scratch(inp):
             need = max(need, _rows_bytes(inp.tokens, ad.n_out, inp.scratch_cap))
             if backward and ad.dropout == 0:
                 need = max(need, _rows_bytes(inp.tokens, ad.n_in, inp.scratch_cap))
-    if inp.device != "cpu":
-        return need  # the CUDA kernels tile in shared memory, not in a scratch
+    gpu = inp.device != "cpu"  # GPU: a tile of W's rows for cuBLAS above the fused sizes
     for path, backward in bm.calls:
         st = inp.linears[path]
-        need = max(need, scratch_need(st, inp.tokens, cap, False))
+        need = max(need, scratch_need(st, inp.tokens, cap, False, gpu))
         if backward:
-            need = max(need, scratch_need(st, inp.tokens, cap, True))
+            need = max(need, scratch_need(st, inp.tokens, cap, True, gpu))
     rows = min(inp.loss_chunk, inp.tokens)
     head = inp.head_storage
-    return max(need, scratch_need(head, rows, cap, False), scratch_need(head, rows, cap, True))
+    return max(need, scratch_need(head, rows, cap, False, gpu),
+               scratch_need(head, rows, cap, True, gpu))
 
 
 # ----------------------------------------------------------------------------- static parts

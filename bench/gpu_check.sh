@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU checks, in one call on a GPU machine: the GPU tests (not the simulator ones), the
+# packed kernels against cuBLAS, and a QLoRA step of a SmolLM2-shaped and a 7B-shaped random
+# model. Writes JSON and logs to the folder given as $1; each stage runs even if one before it
+# failed, each under its own time limit (about 8 minutes in all).
+#
+#   bash bench/gpu_check.sh OUTDIR [WHEEL_DIR]
+#
+# WHEEL_DIR (default .whl) holds packlora's wheel and whatever the machine lacks (pydantic,
+# gguf, ...): they are installed into /tmp/site with pip --no-index, nothing is downloaded.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:?usage: bash bench/gpu_check.sh OUTDIR [WHEEL_DIR]}"
+WHEELS="${2:-.whl}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NUMBA_CACHE_DIR=/tmp/numba-cache
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site "$WHEELS"/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+status() { echo "{\"stage\": \"$1\", \"rc\": $2, \"seconds\": $3}" >> "$OUT/stages.jsonl"; }
+stage() {  # stage NAME LIMIT_S OUTFILE command...
+    local name=$1 limit=$2 file=$3 t0=$SECONDS
+    shift 3
+    timeout "$limit" "$@" > "$OUT/$file" 2> "$OUT/stage.log"
+    status "$name" $? $((SECONDS - t0))
+    { echo "== $name"; tail -c 20000 "$OUT/stage.log"; } >> "$OUT/logs.txt"
+    rm -f "$OUT/stage.log"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c "import cupy, numba, numba_cuda, numpy; print(cupy.__version__, numba.__version__, \
+numba_cuda.__version__, numpy.__version__)" >> "$OUT/gpu.txt" 2>&1
+stage tests "${TESTS_S:-150}" tests.txt python3 -m pytest -q -m gpu -p no:cacheprovider -rs -x \
+    tests/test_cuda_device.py tests/test_kernels_cuda.py tests/test_quant.py
+stage kernels "${KERNELS_S:-150}" kernels_cuda.json python3 bench/kernels_cuda.py \
+    --reps "${REPS:-10}"
+stage smollm2 "${SMOL_S:-90}" train_smollm2.json python3 bench/gpu_train_step.py \
+    --model smollm2 --out /tmp/gpu-models
+stage llama7b "${LLAMA_S:-180}" train_llama7b.json python3 bench/gpu_train_step.py \
+    --model llama7b --out /tmp/gpu-models --layers "${LLAMA_LAYERS:-32}"
+cat "$OUT/stages.jsonl"

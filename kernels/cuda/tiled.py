@@ -1,0 +1,73 @@
+"""Large batches on a GPU: decode a bounded tile of W's rows into the reused scratch and let
+cuBLAS multiply it, tile after tile. No dense copy of the whole W ever exists; the tile is the
+device's `dense_scratch` (counted by the memory tracker), the decode a Numba-CUDA kernel.
+
+cuBLAS is column-major: a row-major (R, C) array is its (C, R) transpose with leading dim C.
+  forward   y[:, n0:n1]  = x @ Wt.T     as  y^T[n0:n1] (nb x M, ld N) = Wt^T' (nb x K) x^T (K x M)
+  backward  dx          += dy[:, n0:n1] @ Wt   as  dx^T (K x M, ld K) += Wt^T (K x nb) dy^T (nb x M)
+with Wt = W[n0:n1] (nb, K) decoded into the scratch. Precision is cuBLAS's float32 sgemm."""
+import numpy as np
+
+from .rows import gather_rows
+
+try:  # cupy's own cuBLAS binding; without cupy this path is never taken
+    from cupy_backends.cuda.libs import cublas
+except ImportError:
+    cublas = None
+
+_ONE = np.ones(1, np.float32)
+_ZERO = np.zeros(1, np.float32)
+
+
+def tile_rows(n, k, cap_elems):
+    """Rows of W (N, K) decoded per tile: as many as the scratch cap holds, at least one."""
+    return max(1, min(n, cap_elems // max(k, 1)))
+
+
+def scratch_elems(n, k, cap_elems):
+    """float32 elements of scratch one tiled product of W (N, K) takes."""
+    return tile_rows(n, k, cap_elems) * k
+
+
+def _handle(cupy):
+    """cupy's cuBLAS handle, bound to its current stream (where the decode kernels run)."""
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    return handle
+
+
+def _tiles(w, cupy, scratch, cap_elems):
+    """(n0, n1, decoded rows (n1 - n0, K) as a cupy view of the scratch) for each tile of W."""
+    n, k = (int(s) for s in w.shape)
+    rows = tile_rows(n, k, cap_elems)
+    buf = scratch(rows * k)
+    for n0 in range(0, n, rows):
+        n1 = min(n, n0 + rows)
+        tile = buf[: (n1 - n0) * k].reshape(n1 - n0, k)
+        gather_rows(w, cupy.arange(n0, n1, dtype=np.int64), tile)
+        yield n0, n1, tile
+
+
+def fwd(cupy, x, w, y, scratch, cap_elems):
+    """y (M, N) = x (M, K) @ W.T, all cupy float32 C-contiguous."""
+    m, k = x.shape
+    n = y.shape[1]
+    h = _handle(cupy)
+    for n0, n1, tile in _tiles(w, cupy, scratch, cap_elems):
+        cublas.sgemm(h, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n1 - n0, m, k,
+                     _ONE.ctypes.data, tile.data.ptr, k, x.data.ptr, k,
+                     _ZERO.ctypes.data, y.data.ptr + 4 * n0, n)
+    return y
+
+
+def bwd(cupy, dy, w, dx, scratch, cap_elems):
+    """dx (M, K) = dy (M, N) @ W, all cupy float32 C-contiguous."""
+    m, n = dy.shape
+    k = dx.shape[1]
+    h = _handle(cupy)
+    for n0, n1, tile in _tiles(w, cupy, scratch, cap_elems):
+        beta = _ZERO if n0 == 0 else _ONE
+        cublas.sgemm(h, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, k, m, n1 - n0,
+                     _ONE.ctypes.data, tile.data.ptr, k, dy.data.ptr + 4 * n0, n,
+                     beta.ctypes.data, dx.data.ptr, k)
+    return dx

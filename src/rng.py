@@ -1,0 +1,40 @@
+"""CountingRng: a random generator whose whole state is (seed, draws), for array modules whose
+own generators cannot save and restore their state (cupy's keep it on the GPU).
+
+Each draw makes a fresh generator of the array module, seeded from (seed, draw number), so a
+saved state replays the same numbers on resume and in recomputed (checkpointed) dropout."""
+import numpy as np
+
+
+class CountingRng:
+    """The subset of numpy's Generator API packlora draws from: random, standard_normal,
+    uniform."""
+
+    def __init__(self, xp, seed=None):
+        self.xp = xp
+        self.seed = int(np.random.SeedSequence().entropy % (1 << 63)) if seed is None else int(seed)
+        self.draws = 0
+
+    @property
+    def state(self):
+        return {"counting_rng": True, "seed": self.seed, "draws": self.draws}
+
+    @state.setter
+    def state(self, value):
+        if not (isinstance(value, dict) and value.get("counting_rng")):
+            raise ValueError(f"not a CountingRng state: {value!r:.80}")
+        self.seed, self.draws = int(value["seed"]), int(value["draws"])
+
+    def _next(self):
+        key = np.random.SeedSequence([self.seed, self.draws]).generate_state(2, np.uint32)
+        self.draws += 1
+        return self.xp.random.default_rng(int(key[0]) | (int(key[1]) << 32))
+
+    def random(self, size=None, dtype=np.float64):
+        return self._next().random(size, dtype=dtype)
+
+    def standard_normal(self, size=None, dtype=np.float64):
+        return self._next().standard_normal(size, dtype=dtype)
+
+    def uniform(self, low=0.0, high=1.0, size=None):
+        return self._next().uniform(low, high, size)

@@ -1,0 +1,152 @@
+"""The CUDA device path: its RNG (state saved as data, replayed in checkpoints and recomputed
+dropout), its memory peak, the GPU scratch in the plan, and on a real GPU a whole tiny
+fine-tune with a checkpoint and a bit-exact resume, and the cuBLAS-tiled products."""
+import json
+
+import model_factory as mf
+import numpy as np
+import pytest
+from packlora import Device, kernels
+from packlora.memory import plan
+from packlora.rng import CountingRng
+from packlora.tracker import MemoryTracker
+from packlora.training.run import finetune
+from packlora.training.trainer import Trainer
+from gguf_blocks import random_packed
+from test_trainer import _Crash, chat_data, losses, run_cfg
+
+
+def test_counting_rng_state_replays_the_same_draws():
+    rng = CountingRng(np, seed=7)
+    rng.random((3,), dtype=np.float32)
+    state = json.loads(json.dumps(rng.state))         # a checkpoint stores it as JSON
+    first = [rng.random((4, 5), dtype=np.float32), rng.standard_normal((6,), dtype=np.float32),
+             rng.uniform(-1, 1, size=(2, 2))]
+    rng.state = state
+    again = [rng.random((4, 5), dtype=np.float32), rng.standard_normal((6,), dtype=np.float32),
+             rng.uniform(-1, 1, size=(2, 2))]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(first[0], rng.random((4, 5), dtype=np.float32))
+    assert not np.array_equal(CountingRng(np, 8).random(5), CountingRng(np, 7).random(5))
+    with pytest.raises(ValueError, match="not a CountingRng state"):
+        rng.state = {"bit_generator": "PCG64"}
+
+
+class _Pool:
+    """cupy's memory pool as the tracker sees it: used bytes, no peak of its own."""
+
+    def __init__(self):
+        self.used = 1000
+
+    def used_bytes(self):
+        return self.used
+
+
+def test_gpu_process_measure_is_a_peak_not_the_current_total():
+    pool = _Pool()
+    mem = MemoryTracker("cuda", pool)
+    assert mem.process_measure() == (None, None)      # off until measuring starts
+    mem.start_process_measure()
+    pool.used += 4096
+    big = mem.track(np.zeros(1024, np.float32), "activations")   # sampled: 5096 used
+    pool.used -= 4096
+    del big
+    assert mem.process_measure() == (1000, 5096)
+    mem.reset_peak()
+    assert mem.process_measure() == (1000, 1000)
+
+
+def test_plan_counts_the_gpu_tile_for_large_batches(tmp_path):
+    model = mf.tiny_chat_model(tmp_path / "model")
+    cfg = {"model": str(model), "quant": {"format": "nf4"}, "lora": {"rank": 4},
+           "data": {"train": str(chat_data(tmp_path / "t.jsonl", 4)), "max_seq_len": 32},
+           "train": {"batch_size": 1}, "output_dir": str(tmp_path / "o")}
+    def scratch(tokens):
+        p = plan({**cfg, "device": "cuda", "scratch_mib": 1}, batch_size=1, seq_len=tokens)
+        return p["plan"]["categories"]["dense_scratch"]
+    # M <= 16: fused kernels, only the LoRA products' rows (M x q_proj's width); M = 32: a tile
+    # of a whole W (the cap holds it), the MLP's (INTER, HIDDEN)
+    assert scratch(16) == 4 * 16 * mf.HIDDEN
+    assert scratch(32) == 4 * mf.INTER * mf.HIDDEN
+
+
+# ------------------------------------------------------------------------------- a real GPU
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        pytest.skip("no CUDA GPU: cupy not installed (the kernels run in the simulator instead: "
+                    "test_kernels_cuda.py)")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no CUDA GPU: no device found")
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        pytest.skip(f"no CUDA GPU: {e}")
+    return cupy
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nf4", "q4_k", "q8_0"])
+@pytest.mark.parametrize("m", [1, 4, 16, 17, 300])
+def test_gpu_products_through_the_entry_point(fmt, m):
+    """M <= 4: the GEMV kernels; M <= 16: the fused tile (reduction split across blocks);
+    above: decoded tiles of
+    at most the scratch cap, multiplied by cuBLAS."""
+    cp = _cupy()
+    from packlora.quant import quantize
+    rng = np.random.default_rng(2)
+    n, k = 700, 1024
+    w = (random_packed(fmt, n, k, rng) if fmt == "q4_k" else
+         quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=True
+                  if fmt == "nf4" else False))
+    dev = Device.cuda(0)
+    dev.set_scratch_cap(1 << 20)                      # 256 rows of K = 1024: three tiles
+    wd = w.to_device(dev)
+    dense = cp.asarray(w.dequantize())                                  # (N, K)
+    x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))      # (M, K)
+    dy = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))     # (M, N)
+    for got, ref in [(kernels.linear_fwd(x, wd, device=dev), x @ dense.T),
+                     (kernels.linear_bwd(dy, wd, device=dev), dy @ dense)]:
+        err = float(cp.abs(got - ref).max() / cp.abs(ref).max())
+        assert err < 1e-4, f"{fmt} M={m}: rel err {err}"
+    assert dev.memory.current["dense_scratch"] <= 1 << 20
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cuda-run")
+    return {"model": str(mf.tiny_chat_model(d / "model")),
+            "train": str(chat_data(d / "train.jsonl", 12)),
+            "valid": str(chat_data(d / "valid.jsonl", 3, seed=1)), "dir": d}
+
+
+@pytest.mark.gpu
+def test_gpu_fine_tune_checkpoint_and_bit_exact_resume(tiny, tmp_path, monkeypatch):
+    """Two-step checkpoints, dropout recomputed under gradient checkpointing, a crash after
+    step 3 and `resume: auto`: the same losses to the bit; and close to the CPU's losses."""
+    _cupy()
+
+    def cfg(out, device="cuda"):
+        c = run_cfg(tiny, out, max_steps=5, save_every=2, grad_checkpointing=True)
+        c["lora"]["dropout"] = 0.1
+        c["device"] = device
+        return c
+    whole = finetune(cfg(tmp_path / "a"), progress=False)
+    assert all(np.isfinite(losses(whole)))
+    orig = Trainer.train_step
+
+    def crashing(self):
+        if self.step == 3:
+            raise _Crash("power cut")
+        return orig(self)
+    monkeypatch.setattr(Trainer, "train_step", crashing)
+    with pytest.raises(_Crash):
+        finetune(cfg(tmp_path / "b"), progress=False)
+    monkeypatch.setattr(Trainer, "train_step", orig)
+    c = cfg(tmp_path / "b")
+    c["resume"] = "auto"
+    resumed = finetune(c, progress=False)
+    assert losses(resumed) == losses(whole)[2:]
+    cpu = finetune(cfg(tmp_path / "c", "cpu"), progress=False)
+    assert abs(losses(cpu)[0] - losses(whole)[0]) < 1e-3 * abs(losses(cpu)[0])
