@@ -3,8 +3,8 @@ import json
 import statistics
 import time
 
+import packlora as pl  # noqa: I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
-import packlora as pl
 from packlora import ops
 
 WIDTH, BATCH, LAYERS, REPS = 1024, 256, 4, 15

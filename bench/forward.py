@@ -20,6 +20,7 @@ if "--threads" in sys.argv[:-1]:  # thread pools are sized when numpy / numba lo
     for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[_var] = sys.argv[sys.argv.index("--threads") + 1]
 
+import packlora  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
 from packlora import Device
 from packlora.autodiff import without_autodiff

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import packlora as pl  # noqa: I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
-import packlora as pl
 
 SHAPES = {  # config.json of each shape (Llama family)
     "smollm2": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,

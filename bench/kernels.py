@@ -13,8 +13,8 @@ import statistics
 import time
 import tracemalloc
 
+import packlora  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
-import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
 from numba import get_num_threads
 from packlora import Device
 from packlora.kernels import linear_bwd, linear_fwd

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+import packlora  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
 from kernels import random_packed  # bench/kernels.py: random codes for every format
 from packlora import Device

@@ -9,8 +9,8 @@ import json
 import statistics
 import time
 
+import packlora as pl  # noqa: I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
-import packlora as pl
 from packlora.training.optim import AdamW, clip_grad_norm
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -5,6 +5,7 @@ import json
 
 import model_factory as mf
 import numpy as np
+import packlora.device as device_mod
 import pytest
 from packlora import Device, kernels
 from packlora.memory import plan
@@ -31,6 +32,41 @@ def test_counting_rng_state_replays_the_same_draws():
     assert not np.array_equal(CountingRng(np, 8).random(5), CountingRng(np, 7).random(5))
     with pytest.raises(ValueError, match="not a CountingRng state"):
         rng.state = {"bit_generator": "PCG64"}
+
+
+def _crash_after(monkeypatch, step):
+    orig = Trainer.train_step
+
+    def crashing(self):
+        if self.step == step:
+            raise _Crash("power cut")
+        return orig(self)
+    monkeypatch.setattr(Trainer, "train_step", crashing)
+    return orig
+
+
+def test_gpu_rng_through_checkpointing_and_resume_on_the_cpu(tiny, tmp_path, monkeypatch):
+    """The GPU's generator (CountingRng) given to the CPU device: dropout masks recomputed
+    under gradient checkpointing and a resume from a checkpoint replay it exactly."""
+    monkeypatch.setattr(device_mod, "_make_rng", lambda kind, xp, seed: CountingRng(xp, seed))
+
+    def cfg(out, gc):
+        c = run_cfg(tiny, out, max_steps=5, save_every=2, grad_checkpointing=gc)
+        c["lora"]["dropout"] = 0.2
+        return c
+    plain = finetune(cfg(tmp_path / "plain", False), progress=False)
+    ckpt = finetune(cfg(tmp_path / "gc", True), progress=False)
+    assert losses(plain) == losses(ckpt)
+    orig = _crash_after(monkeypatch, 3)
+    with pytest.raises(_Crash):
+        finetune(cfg(tmp_path / "b", True), progress=False)
+    monkeypatch.setattr(Trainer, "train_step", orig)
+    c = cfg(tmp_path / "b", True)
+    c["resume"] = "auto"
+    state = json.loads((tmp_path / "b" / "checkpoints" / "step-2" / "trainer_state.json")
+                       .read_text())
+    assert "counting_rng" in json.dumps(state)
+    assert losses(finetune(c, progress=False)) == losses(ckpt)[2:]
 
 
 class _Pool:
@@ -134,13 +170,7 @@ def test_gpu_fine_tune_checkpoint_and_bit_exact_resume(tiny, tmp_path, monkeypat
         return c
     whole = finetune(cfg(tmp_path / "a"), progress=False)
     assert all(np.isfinite(losses(whole)))
-    orig = Trainer.train_step
-
-    def crashing(self):
-        if self.step == 3:
-            raise _Crash("power cut")
-        return orig(self)
-    monkeypatch.setattr(Trainer, "train_step", crashing)
+    orig = _crash_after(monkeypatch, 3)
     with pytest.raises(_Crash):
         finetune(cfg(tmp_path / "b"), progress=False)
     monkeypatch.setattr(Trainer, "train_step", orig)
