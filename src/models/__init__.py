@@ -2,7 +2,8 @@
 from .config import ModelConfig
 from .llama import KVCache, LlamaForCausalLM
 from .load import load_model
+from .sources import load_tokenizer
 from .tensors import TensorSpec, model_tensors, quant_spec
 
-__all__ = ["ModelConfig", "LlamaForCausalLM", "KVCache", "load_model", "quant_spec",
-           "TensorSpec", "model_tensors"]
+__all__ = ["ModelConfig", "LlamaForCausalLM", "KVCache", "load_model", "load_tokenizer",
+           "quant_spec", "TensorSpec", "model_tensors"]

@@ -161,6 +161,17 @@ def open_source(path):
     raise ModelError(f"{path}: not a model folder or a .gguf file")
 
 
+def load_tokenizer(source):
+    """The tokenizer of a model name, a Hugging Face or `packlora quantize` folder, or a GGUF
+    file (a vocab-only one too); ModelError when the model carries none."""
+    path = resolve_source(source)
+    tok = open_gguf(path).tokenizer if path.is_file() else open_source(path).tokenizer
+    if tok is None:
+        raise ModelError(f"{path}: the model has no tokenizer (tokenizer.json or GGUF "
+                         "tokenizer.ggml.* metadata)")
+    return tok
+
+
 def read_header(source):
     """(path, ModelConfig, {name: TensorSpec} as stored, or None) of a model source, read from
     headers alone (no tensor data): a model name, .gguf file, model folder, or a config.json
