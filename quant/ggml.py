@@ -85,7 +85,7 @@ def _q8_0(b):
     return np.concatenate([_fp16_bytes(d), q.view(np.uint8)], axis=-1)
 
 
-def _quantize_rows(fmt, array, name, encode):
+def quantize_rows(fmt, array, name, encode):
     """(N, K) float array -> {"blocks": (N, K//B * BPB) uint8}, B and BPB from fmt.layout."""
     n, k = array.shape
     elems, bpb = fmt.layout.elems, fmt.layout.nbytes
@@ -152,23 +152,23 @@ def _decode_q8_0(blocks, layout):
 
 # -- the reference codecs of the registry (quant/registry.py), fmt being the format's entry ----
 def quantize_q4_0(fmt, array, block_size, double_quant, name):
-    return _quantize_rows(fmt, array, name, _q4_0)
+    return quantize_rows(fmt, array, name, _q4_0)
 
 
 def quantize_q4_1(fmt, array, block_size, double_quant, name):
-    return _quantize_rows(fmt, array, name, _q4_1)
+    return quantize_rows(fmt, array, name, _q4_1)
 
 
 def quantize_q5_0(fmt, array, block_size, double_quant, name):
-    return _quantize_rows(fmt, array, name, _q5_0)
+    return quantize_rows(fmt, array, name, _q5_0)
 
 
 def quantize_q5_1(fmt, array, block_size, double_quant, name):
-    return _quantize_rows(fmt, array, name, _q5_1)
+    return quantize_rows(fmt, array, name, _q5_1)
 
 
 def quantize_q8_0(fmt, array, block_size, double_quant, name):
-    return _quantize_rows(fmt, array, name, _q8_0)
+    return quantize_rows(fmt, array, name, _q8_0)
 
 
 def dequantize_q4_0(fmt, buffers, shape, block_size):

