@@ -14,11 +14,13 @@ from .inspect_model import inspect_report
 from .memory.report import run_memory_report
 from .models import load_model
 from .quant import FORMATS
+from .quant.presets import PRESETS
 from .training import finetune
 from .training.distributed import World
 
 # The formats --quant takes, the QLoRA default first, as the registry lists them.
-_QUANT_HELP = ", ".join(f"{f} (default)" if f == "nf4" else f for f in (*FORMATS, "none"))
+_QUANT_HELP = ", ".join(f"{f} (default)" if f == "nf4" else f
+                        for f in (*FORMATS, *PRESETS, "none"))
 
 
 def _cmd_finetune(a):

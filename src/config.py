@@ -22,10 +22,12 @@ from .config_errors import format_errors, section_model, suggest
 from .device import DEFAULT_SCRATCH_MIB
 from .errors import ConfigError
 from .quant import FORMATS
+from .quant.presets import PRESETS
 from .quant.registry import FIXED_BLOCK
 
-# quant.format: a format of the registry, or "none" for float32 base weights.
-FormatName = Literal[(*FORMATS, "none")]
+# quant.format: a format of the registry, a mixed preset (a format per tensor, quant/presets.py),
+# or "none" for float32 base weights.
+FormatName = Literal[(*FORMATS, *PRESETS, "none")]
 
 
 def _to_float(value: Any) -> Any:

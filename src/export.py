@@ -126,11 +126,16 @@ def _write_dense(src, names, out, delta, dtype):
 def _write_packed(src, names, out, delta, fmt, block_size, double_quant):
     if double_quant is None:
         double_quant = fmt in REGISTRY and REGISTRY[fmt].double_quant
-    linear = {t.name for t in model_tensors(src.config, "none") if t.category == "base_packed"}
+    quant = {"format": fmt, "double_quant": double_quant,
+             **({} if block_size is None else {"block_size": block_size})}
+    linear = {t.name: t for t in model_tensors(src.config, quant)
+              if t.category == "base_packed"}  # a format per tensor (presets pick them)
     tensors = {}
     for n in names:
         w = _float_tensor(src, n, delta)
         if n in linear:
-            w = quantize_fn(w, fmt, block_size=block_size, double_quant=double_quant, name=n)
+            t = linear[n]
+            w = quantize_fn(w, t.format, block_size=t.block_size, double_quant=t.double_quant,
+                            name=n)
         tensors[n] = w
     save_packed(out / PACKED_FILE, tensors, {"format": "packlora"})

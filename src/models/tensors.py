@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 
 from ..config_coerce import quant_config
 from ..quant import packed_nbytes
-from ..quant.registry import DOUBLE_QUANT_FORMATS
+from ..quant.presets import PRESETS, preset_format
+from ..quant.registry import DOUBLE_QUANT_FORMATS, REGISTRY
 
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -52,12 +53,17 @@ def quant_spec(quant):
             "double_quant": bool(q.double_quant) and fmt in DOUBLE_QUANT_FORMATS}
 
 
-def _held(name, shape, stored, quant, category, quantize):
+def _held(name, shape, stored, quant, category, quantize, place=None):
     """Stored-packed tensors stay as stored; float linear weights get the run's format (when
-    `quantize`); everything else is float32."""
+    `quantize`; a preset picks it from `place`, the weight's (projection, layer, layers));
+    everything else is float32."""
     kept = (stored or {}).get(name)
     if kept is not None and kept.packed:
         return replace(kept, name=name, shape=tuple(shape), category=category)
+    if quantize and quant["format"] in PRESETS:
+        fmt = preset_format(quant["format"], *place, shape[-1])
+        return TensorSpec(name, tuple(shape), fmt, REGISTRY[fmt].default_block_size,
+                          category=category)
     if quantize and quant["format"] is not None:
         return TensorSpec(name, tuple(shape), quant["format"], quant["block_size"],
                           quant["double_quant"], category)
@@ -72,7 +78,8 @@ def _layer_tensors(cfg, i, stored, quant):
                                     (f, d), (f, d), (d, f)], strict=True))
     out = []
     for proj, shape in shapes.items():
-        out.append(_held(f"{p}.{proj}.weight", shape, stored, quant, "base_packed", True))
+        out.append(_held(f"{p}.{proj}.weight", shape, stored, quant, "base_packed", True,
+                         (proj, i, cfg.num_layers)))
         if cfg.attention_bias and proj in PROJECTIONS[:3]:  # q/k/v biases (Qwen2)
             out.append(TensorSpec(f"{p}.{proj}.bias", (shape[0],)))
     norms = [("input_layernorm", d), ("post_attention_layernorm", d)]

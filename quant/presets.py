@@ -1,0 +1,33 @@
+"""Mixed presets: a format for each linear weight of a model, picked the way llama.cpp's
+quantizer picks them for its Q4_K_M and Q5_K_M files (llama_tensor_get_type in
+src/llama-quant.cpp), for a Llama-family model without experts:
+
+  attn_v and ffn_down   Q6_K in the layers that get more bits (the first and last eighth and
+                        every third layer between), the preset's base type elsewhere
+  every other linear    the base type (Q4_K, Q5_K)
+  a row length (K) that is no multiple of 256 falls back: Q4_K -> Q5_0, Q5_K -> Q5_1,
+  Q6_K -> Q8_0 (what llama.cpp does, e.g. for every tensor of SmolLM2, K = 576 or 1536)
+Embeddings and the LM head are not linear weights here: they stay as every format keeps them.
+"""
+from .registry import REGISTRY
+
+PRESETS = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}          # preset -> base type
+MORE_BITS = ("self_attn.v_proj", "mlp.down_proj")        # attn_v, ffn_down
+FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+
+
+def use_more_bits(layer, n_layers):
+    """llama.cpp's choice of the layers whose attn_v / ffn_down get Q6_K."""
+    eighth = n_layers // 8
+    return layer < eighth or layer >= 7 * n_layers // 8 or (layer - eighth) % 3 == 2
+
+
+def preset_format(preset, projection, layer, n_layers, k):
+    """The format of linear weight `projection` (e.g. "mlp.down_proj") of layer `layer` of
+    `n_layers`, whose rows are k long, under `preset`."""
+    fmt = PRESETS[preset]
+    if projection in MORE_BITS and use_more_bits(layer, n_layers):
+        fmt = "q6_k"
+    if k % REGISTRY[fmt].layout.elems:
+        fmt = FALLBACK[fmt]
+    return fmt
