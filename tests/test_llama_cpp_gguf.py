@@ -10,6 +10,8 @@ import model_factory as mf
 import numpy as np
 import pytest
 from packlora import Device, load_model, without_autodiff
+from packlora.models import model_tensors
+from packlora.models.gguf_file import gguf_name
 from packlora.training.run import finetune
 
 FTYPES = ("q4_k_m", "q5_k_m", "q6_k")
@@ -103,6 +105,19 @@ def test_llama_cpp_mix_loads_packed_and_matches_a_float_forward(files, name):
         got = model(np.asarray([ids])).numpy()[0, -1]
     want = reference_logits(path, np.asarray(ids))
     assert np.abs(got - want).max() < 5e-3, float(np.abs(got - want).max())
+
+
+@pytest.mark.parametrize("name", ["q4_k_m", "q5_k_m"])
+def test_presets_pick_the_types_llama_cpp_picked(files, name):
+    """packlora's q4_k_m / q5_k_m presets (quant/presets.py) against the types llama.cpp chose
+    for every linear weight of the same model."""
+    path = files[name]
+    stored = {t.name: t.tensor_type.name.lower() for t in gguf.GGUFReader(str(path)).tensors}
+    cfg = load_model(str(path), Device.cpu(), with_tokenizer=False).config
+    mine = {gguf_name(t.name): t.format for t in model_tensors(cfg, name)
+            if t.category == "base_packed"}
+    assert len(mine) == 7 * cfg.num_layers
+    assert {n: stored[n] for n in mine} == mine
 
 
 @pytest.mark.slow
