@@ -9,7 +9,7 @@ import pytest
 from packlora import Device
 from packlora.errors import ModelError
 from packlora.generate import generate_ids
-from packlora.models import KVCache, load_model
+from packlora.models import KVCache, ModelConfig, load_model
 from packlora.nn import Linear, PackedLinear
 from packlora.tensor import Tensor
 
@@ -258,6 +258,22 @@ def test_missing_folder_and_unsupported_type(tmp_path):
                                                                  "model_type": "gpt2"})
     with pytest.raises(ModelError, match=r"'gpt2'.*llama, mistral, qwen2, qwen3"):
         load_model(folder)
+
+
+@pytest.mark.parametrize("field,message", [
+    ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act='gelu_pytorch_tanh' is not supported"),
+    ({"mlp_bias": True}, "mlp_bias=true"),
+    ({"sliding_window": 64, "max_position_embeddings": 256}, "sliding_window=64"),
+])
+def test_config_fields_packlora_does_not_implement_are_refused(field, message):
+    """A field that changes the model is an error naming it (it used to be dropped)."""
+    with pytest.raises(ModelError, match=f"config.json: {message}"):
+        ModelConfig.from_hf({**mf.hf_config("mistral"), **field}, "config.json")
+    # the harmless forms load: silu, no MLP bias, a window switched off or wider than the model
+    for ok in ({"hidden_act": "silu"}, {"mlp_bias": False},
+               {"sliding_window": 32768, "use_sliding_window": False},
+               {"sliding_window": 256, "max_position_embeddings": 256}):
+        ModelConfig.from_hf({**mf.hf_config("mistral"), **ok}, "config.json")
 
 
 def test_truncated_safetensors_and_gguf(tmp_path):

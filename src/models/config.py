@@ -53,6 +53,7 @@ class ModelConfig:
         if mtype not in SUPPORTED_HF_TYPES:
             raise ModelError(f"{source}: model_type {mtype!r} is not supported; supported model "
                              f"types: {', '.join(SUPPORTED_HF_TYPES)}")
+        _refuse_unimplemented(cfg, source)
         try:
             hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
             return cls(
@@ -130,6 +131,24 @@ class ModelConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _refuse_unimplemented(cfg: dict, source: str) -> None:
+    """config.json fields that would change the model in ways packlora does not implement are
+    errors naming the field, never dropped: another activation, MLP biases, a sliding window
+    narrower than the model's positions (Mistral v0.1; Qwen2 ships one switched off)."""
+    act = cfg.get("hidden_act", cfg.get("hidden_activation"))
+    if act not in (None, "silu", "swish"):
+        raise ModelError(f"{source}: hidden_act={act!r} is not supported (packlora's MLP is "
+                         "SwiGLU with silu)")
+    if cfg.get("mlp_bias"):
+        raise ModelError(f"{source}: mlp_bias=true (biases on gate/up/down_proj) is not supported")
+    window = cfg.get("sliding_window")
+    used = cfg.get("use_sliding_window", True) is not False
+    if used and window is not None and int(window) < int(cfg.get("max_position_embeddings",
+                                                                     0) or 0):
+        raise ModelError(f"{source}: sliding_window={window} (sliding-window attention) is not "
+                         "supported; packlora attends over the whole sequence")
 
 
 def _hf_attention_bias(cfg: dict, mtype: str, source: str) -> bool:
