@@ -25,6 +25,7 @@ from packlora.quant import (
     quantize,
 )
 from packlora.quant import formats as quant_formats
+from packlora.quant.presets import PRESETS
 
 GGUF_ENTRIES = [f for f in REGISTRY.values() if f.gguf_type is not None]
 QUANTIZABLE = [f for f in REGISTRY.values() if f.quantizable]
@@ -83,7 +84,8 @@ def test_every_entry_round_trips_through_its_codec(entry):
 
 def test_config_literal_is_the_registry():
     literal = typing.get_args(QuantConfig.model_fields["format"].annotation)
-    assert literal == (*FORMATS, "none")
+    assert literal == (*FORMATS, *PRESETS, "none")  # the mixed presets pick registry formats
+    assert set(PRESETS.values()) <= set(FORMATS)
     for entry in REGISTRY.values():
         if entry.fixed_block:
             assert QuantConfig(format=entry.name).block_size == entry.default_block_size
