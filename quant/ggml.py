@@ -151,41 +151,23 @@ def _decode_q8_0(blocks, layout):
 
 
 # -- the reference codecs of the registry (quant/registry.py), fmt being the format's entry ----
-def quantize_q4_0(fmt, array, block_size, double_quant, name):
-    return quantize_rows(fmt, array, name, _q4_0)
+def row_quantizer(encode):
+    """The registry's quantize(fmt, array, block_size, double_quant, name) of an encoder of
+    (rows, blocks, B) float32 -> (rows, blocks, BPB) bytes."""
+    def quantize(fmt, array, block_size, double_quant, name):
+        return quantize_rows(fmt, array, name, encode)
+    return quantize
 
 
-def quantize_q4_1(fmt, array, block_size, double_quant, name):
-    return quantize_rows(fmt, array, name, _q4_1)
+def row_dequantizer(decode):
+    """The registry's dequantize(fmt, buffers, shape, block_size) of a block decoder."""
+    def dequantize(fmt, buffers, shape, block_size):
+        return dequantize_rows(fmt, buffers, shape, decode)
+    return dequantize
 
 
-def quantize_q5_0(fmt, array, block_size, double_quant, name):
-    return quantize_rows(fmt, array, name, _q5_0)
-
-
-def quantize_q5_1(fmt, array, block_size, double_quant, name):
-    return quantize_rows(fmt, array, name, _q5_1)
-
-
-def quantize_q8_0(fmt, array, block_size, double_quant, name):
-    return quantize_rows(fmt, array, name, _q8_0)
-
-
-def dequantize_q4_0(fmt, buffers, shape, block_size):
-    return dequantize_rows(fmt, buffers, shape, _decode_q4_0)
-
-
-def dequantize_q4_1(fmt, buffers, shape, block_size):
-    return dequantize_rows(fmt, buffers, shape, _decode_q4_1)
-
-
-def dequantize_q5_0(fmt, buffers, shape, block_size):
-    return dequantize_rows(fmt, buffers, shape, _decode_q5_0)
-
-
-def dequantize_q5_1(fmt, buffers, shape, block_size):
-    return dequantize_rows(fmt, buffers, shape, _decode_q5_1)
-
-
-def dequantize_q8_0(fmt, buffers, shape, block_size):
-    return dequantize_rows(fmt, buffers, shape, _decode_q8_0)
+quantize_q4_0, quantize_q4_1, quantize_q5_0, quantize_q5_1, quantize_q8_0 = (
+    row_quantizer(e) for e in (_q4_0, _q4_1, _q5_0, _q5_1, _q8_0))
+dequantize_q4_0, dequantize_q4_1, dequantize_q5_0, dequantize_q5_1, dequantize_q8_0 = (
+    row_dequantizer(d) for d in (_decode_q4_0, _decode_q4_1, _decode_q5_0, _decode_q5_1,
+                                 _decode_q8_0))

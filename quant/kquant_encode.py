@@ -12,7 +12,7 @@ The byte layouts are the decoders' (quant/kquants.py); gguf.quants decodes the r
 """
 import numpy as np
 
-from .ggml import quantize_rows
+from .ggml import row_quantizer
 from .kquants import QK_K
 
 _F32 = np.float32
@@ -166,11 +166,4 @@ def _q6_k(blocks):
 
 
 # -- the reference quantizers of the registry (quant/registry.py) ---------------------------------
-def _rows(encode):
-    """A registry quantizer (fmt, array, block_size, double_quant, name) of whole rows."""
-    def quantize(fmt, array, block_size, double_quant, name):
-        return quantize_rows(fmt, array, name, encode)
-    return quantize
-
-
-quantize_q4_k, quantize_q5_k, quantize_q6_k = _rows(_q4_k), _rows(_q5_k), _rows(_q6_k)
+quantize_q4_k, quantize_q5_k, quantize_q6_k = (row_quantizer(e) for e in (_q4_k, _q5_k, _q6_k))

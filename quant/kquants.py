@@ -17,7 +17,7 @@ Where each part sits comes from the format's registry layout; the arrangement of
 """
 import numpy as np
 
-from .ggml import dequantize_rows, fp16_from
+from .ggml import fp16_from, row_dequantizer
 
 _F32 = np.float32
 QK_K = 256
@@ -104,21 +104,6 @@ def _decode_q3_k(blocks, layout):
 
 
 # -- the reference decoders of the registry (quant/registry.py) ---------------------------------
-def dequantize_q2_k(fmt, buffers, shape, block_size):
-    return dequantize_rows(fmt, buffers, shape, _decode_q2_k)
-
-
-def dequantize_q3_k(fmt, buffers, shape, block_size):
-    return dequantize_rows(fmt, buffers, shape, _decode_q3_k)
-
-
-def dequantize_q4_k(fmt, buffers, shape, block_size):
-    return dequantize_rows(fmt, buffers, shape, _decode_q4_k)
-
-
-def dequantize_q5_k(fmt, buffers, shape, block_size):
-    return dequantize_rows(fmt, buffers, shape, _decode_q5_k)
-
-
-def dequantize_q6_k(fmt, buffers, shape, block_size):
-    return dequantize_rows(fmt, buffers, shape, _decode_q6_k)
+dequantize_q2_k, dequantize_q3_k, dequantize_q4_k, dequantize_q5_k, dequantize_q6_k = (
+    row_dequantizer(d) for d in (_decode_q2_k, _decode_q3_k, _decode_q4_k, _decode_q5_k,
+                                 _decode_q6_k))
