@@ -9,10 +9,13 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
 from ..errors import ConfigError
+
+ABORT_GRACE_S = 0.5  # seconds a failing rank waits before MPI Abort, for its output to get out
 
 # Environment variables an MPI launcher sets on every rank (MPICH/Hydra, Open MPI, PMIx, Slurm).
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
@@ -139,10 +142,13 @@ class World:
                               "same config and overrides")
 
     def abort(self, code):
-        """End every rank now (an error on one rank must not leave the others waiting)."""
+        """End every rank now (an error on one rank must not leave the others waiting). The
+        launcher kills every rank at the first Abort and can drop what the ranks wrote but it
+        had not forwarded yet, so each rank gives it a moment first (an error path only)."""
         sys.stdout.flush()
         sys.stderr.flush()
         if self.size > 1:
+            time.sleep(ABORT_GRACE_S)
             self.comm.Abort(code)
 
 
