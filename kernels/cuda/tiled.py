@@ -3,8 +3,8 @@ cuBLAS multiply it, tile after tile. No dense copy of the whole W ever exists; t
 device's `dense_scratch` (counted by the memory tracker), the decode a Numba-CUDA kernel.
 
 cuBLAS is column-major: a row-major (R, C) array is its (C, R) transpose with leading dim C.
-  forward   y[:, n0:n1]  = x @ Wt.T     as  y^T[n0:n1] (nb x M, ld N) = Wt^T' (nb x K) x^T (K x M)
-  backward  dx          += dy[:, n0:n1] @ Wt   as  dx^T (K x M, ld K) += Wt^T (K x nb) dy^T (nb x M)
+  forward   y[:, n0:n1] = x @ Wt.T    as  y^T[n0:n1] (nb x M, ld N) = Wt (nb x K) . x^T (K x M)
+  backward  dx += dy[:, n0:n1] @ Wt   as  dx^T (K x M, ld K) += Wt^T (K x nb) . dy^T (nb x M)
 with Wt = W[n0:n1] (nb, K) decoded into the scratch. Precision is cuBLAS's float32 sgemm."""
 import numpy as np
 
