@@ -134,3 +134,86 @@ def test_fine_tune_a_q4_k_m_file_and_resume(files, tmp_path):
                     [*over[:1], "train.max_steps=6", *over[2:], "resume=auto",
                      "resume_allow=[train.max_steps]"], progress=False)
     assert [r["step"] for r in more.history] == [5, 6]
+
+
+# --- a Llama layout whose rows are whole super-blocks: mostly Q4_K / Q6_K after llama.cpp ----
+WIDE = {"vocab": 512, "hidden": 256, "inter": 768, "layers": 4, "heads": 4, "kv_heads": 2}
+
+
+def _wide_f32_gguf(path):
+    """A random Llama-layout GGUF, all F32, widths multiples of 256 (no tokenizer needed by
+    llama_model_quantize or by these checks)."""
+    rng = np.random.default_rng(5)
+    d, f, hd = WIDE["hidden"], WIDE["inter"], WIDE["hidden"] // WIDE["heads"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(256)
+    w.add_embedding_length(d)
+    w.add_block_count(WIDE["layers"])
+    w.add_feed_forward_length(f)
+    w.add_head_count(WIDE["heads"])
+    w.add_head_count_kv(WIDE["kv_heads"])
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(WIDE["vocab"])
+
+    def mat(n, k):
+        return (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    w.add_tensor("token_embd.weight", mat(WIDE["vocab"], d) * 16)
+    w.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    w.add_tensor("output.weight", mat(WIDE["vocab"], d))
+    kv = WIDE["kv_heads"] * hd
+    for i in range(WIDE["layers"]):
+        p = f"blk.{i}."
+        for name, shape in (("attn_q", (d, d)), ("attn_k", (kv, d)), ("attn_v", (kv, d)),
+                            ("attn_output", (d, d)), ("ffn_gate", (f, d)), ("ffn_up", (f, d)),
+                            ("ffn_down", (d, f))):
+            w.add_tensor(p + name + ".weight", mat(*shape))
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(p + norm + ".weight", (1 + 0.1 * rng.standard_normal(d)).astype(
+                np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def wide_q4_k_m(tmp_path_factory):
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (scripts/test.sh builds it once)")
+    import llama_cpp  # optional: only where scripts/test.sh installed it
+    d = tmp_path_factory.mktemp("wide")
+    src, out = _wide_f32_gguf(d / "f32.gguf"), d / "q4_k_m.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(),
+                                          ctypes.byref(params)) == 0
+    return out
+
+
+def test_wide_llama_q4_k_m_loads_matches_and_trains(wide_q4_k_m):
+    from packlora.adapters import apply_lora
+    from packlora.config import TrainConfig
+    from packlora.data import Example
+    from packlora.training.trainer import Trainer
+    stored = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(wide_q4_k_m)).tensors}
+    linear = [v for k, v in stored.items() if k.startswith("blk.") and "norm" not in k]
+    assert set(linear) == {"Q4_K", "Q6_K"}                       # no fallbacks at these widths
+    dev = Device.cpu().autodiff()
+    model = load_model(str(wide_q4_k_m), dev, with_tokenizer=False)
+    for i, layer in enumerate(model.model.layers):       # every linear kept as llama.cpp stored it
+        assert layer.mlp.down_proj.weight.format == stored[f"blk.{i}.ffn_down.weight"].lower()
+        assert layer.self_attn.v_proj.weight.format == stored[f"blk.{i}.attn_v.weight"].lower()
+        assert layer.mlp.up_proj.weight.format == "q4_k"
+    ids = np.random.default_rng(1).integers(0, WIDE["vocab"], 24)
+    with without_autodiff():
+        got = model(ids[None]).numpy()[0, -1]
+    want = reference_logits(wide_q4_k_m, ids)
+    assert np.abs(got - want).max() < 5e-3, float(np.abs(got - want).max())
+    apply_lora(model, {"targets": "all-linear", "rank": 4, "alpha": 8})
+    rows = [Example(ids.astype(np.int32), np.roll(ids, -1).astype(np.int64))] * 2
+    cfg = TrainConfig(max_steps=6, batch_size=2, lr=1e-2, warmup_steps=0, eval_every=0,
+                      save_every=0, schedule="constant")
+    losses = [r["loss"] for r in Trainer(model, rows, cfg, progress=False).run()]
+    assert losses[-1] < losses[0], losses
