@@ -79,6 +79,25 @@ def test_completion_masks_prompt(tmp_path):
     assert ex.labels.tolist() == [ord(":"), ord("o"), ord("k"), EOS]
 
 
+class BosTokenizer(FakeTokenizer):
+    """Starts a sequence with BOS when asked to, as Llama 2 / Mistral / TinyLlama tokenizers
+    (add_bos_token true) do."""
+
+    def encode(self, text, add_special_tokens=False):
+        return ([BOS] if add_special_tokens else []) + super().encode(text)
+
+
+def test_text_and_completion_start_with_bos_when_the_tokenizer_adds_it(tmp_path):
+    path = write_jsonl(tmp_path, [{"text": "hi"}])
+    ex = load_dataset(path, BosTokenizer(), DataConfig(train=str(path)))[0]
+    assert ex.input_ids.tolist() == [BOS, ord("h"), ord("i")]
+    assert ex.labels.tolist() == [ord("h"), ord("i"), EOS]
+    path = write_jsonl(tmp_path, [{"prompt": "Q", "completion": "ok"}], name="c.jsonl")
+    ex = load_dataset(path, BosTokenizer(), DataConfig(train=str(path)))[0]
+    assert ex.input_ids.tolist() == [BOS, ord("Q"), ord("o"), ord("k")]
+    assert ex.labels.tolist() == [IGNORE_INDEX, ord("o"), ord("k"), EOS]
+
+
 def test_alpaca_renders_as_chat(tmp_path):
     ds = load(tmp_path, [{"instruction": "Add", "input": "1 2", "output": "3"},
                          {"instruction": "Hi", "input": "", "output": "yo"}])
