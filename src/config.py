@@ -147,6 +147,8 @@ class DataConfig(_Section):
     train_on_inputs: bool = False
     packing: bool = False
     shuffle: bool = True
+    # chat/alpaca records: the model's own template, or this one (a jinja string or a file path)
+    chat_template: str | None = None
 
     @field_validator("val_size", mode="before")
     @classmethod

@@ -107,6 +107,13 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def set_chat_template(self, template: str) -> None:
+        """Use `template` (jinja) as the chat template from now on (data.chat_template)."""
+        self.chat_template = template
+        self.has_chat_template = True
+        self._compiled = None
+        self.eos_token_ids |= self._template_end_ids()
+
     def add_eos_ids(self, ids) -> None:
         """Add stop ids (e.g. from generation_config.json)."""
         ids = [ids] if isinstance(ids, int) else list(ids or [])

@@ -3,6 +3,8 @@ import json
 
 import model_factory as mf
 import pytest
+from packlora.config import DataConfig
+from packlora.data import build_datasets
 from packlora.errors import DataError, ModelError
 from packlora.gguf_tokenizer import pre_tokenizer as _pre_tokenizer
 from packlora.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer
@@ -155,3 +157,25 @@ def test_gguf_tokenizer_kinds():
                                          "tokenizer.ggml.scores"):
         Tokenizer.from_gguf({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]},
                             "x.gguf")
+
+
+def test_chat_records_without_a_template_need_data_chat_template(tmp_path):
+    """Chat data and a tokenizer without a template: an error naming data.chat_template (no
+    silent ChatML); with data.chat_template, as a string or a file, the records use it."""
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": DIALOG[:2]}) + "\n")
+    tok = _tiny_hf_tokenizer(tmp_path, {"eos_token": "</s>"})
+    with pytest.raises(DataError, match=r"chat\.jsonl: .*set data\.chat_template"):
+        build_datasets(DataConfig(train=str(data)), tok, seed=0)
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}:{{ m['content'] }}"
+                "<|im_end|>{% endfor %}")
+    (tmp_path / "t.jinja").write_text(template)
+    for given in (template, str(tmp_path / "t.jinja")):
+        tok = _tiny_hf_tokenizer(tmp_path, {"eos_token": "</s>"})
+        train, _, _ = build_datasets(DataConfig(train=str(data), chat_template=given), tok, 0)
+        row = train[0]
+        text = tok.decode([*row.input_ids.tolist(), int(row.labels[-1])])
+        assert text == tok.apply_chat_template(DIALOG[:2], add_generation_prompt=False)
+        assert text.startswith("<|im_start|>user:What is")
+    with pytest.raises(DataError, match="data.chat_template: cannot read"):
+        build_datasets(DataConfig(train=str(data), chat_template="missing.jinja"), tok, 0)

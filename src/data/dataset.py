@@ -1,6 +1,8 @@
 """Loading JSONL datasets into Examples, splitting validation, and the numbers to log."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ..errors import DataError
@@ -9,6 +11,8 @@ from .formats import detect_format, normalize
 from .jsonl import read_jsonl
 from .packing import pack_examples
 from .tokenize import make_example
+
+TEMPLATED = ("chat", "alpaca")  # formats rendered through the model's chat template
 
 
 class Examples(list):
@@ -33,9 +37,13 @@ def load_dataset(path, tokenizer, cfg, source_name: str | None = None) -> Exampl
     name = source_name or str(path)
     fmt = cfg.format
     out = Examples(name=name)
+    checked = False
     for where, record in read_jsonl(path, name):
         if fmt == "auto":
             fmt = detect_format(record, where)
+        if not checked and fmt in TEMPLATED:
+            _check_chat_template(tokenizer, name)
+        checked = True
         item = normalize(record, fmt, where)
         example, truncated = make_example(item, tokenizer, cfg.train_on_inputs,
                                           cfg.max_seq_len, where)
@@ -52,6 +60,28 @@ def load_dataset(path, tokenizer, cfg, source_name: str | None = None) -> Exampl
         raise DataError(f"{name}: none of the {out.num_records} records has a token to train "
                         "on (all masked or too short)")
     return out
+
+
+def _check_chat_template(tokenizer, name):
+    """Chat (and alpaca, rendered as chat) records need a chat template; a tokenizer without one
+    must not fall back to ChatML behind the user's back."""
+    if not getattr(tokenizer, "has_chat_template", True):
+        raise DataError(f"{name}: chat records need a chat template and the model's tokenizer "
+                        "has none; set data.chat_template (a jinja template, or a path to a "
+                        ".jinja file)")
+
+
+def use_chat_template(tokenizer, template):
+    """Give the tokenizer data.chat_template: a jinja string, or the path of a file holding one."""
+    if template is None:
+        return
+    path = Path(template)
+    if template.endswith((".jinja", ".j2", ".txt")) or path.is_file():
+        try:
+            template = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise DataError(f"data.chat_template: cannot read {path}: {e.strerror}") from None
+    tokenizer.set_chat_template(template)
 
 
 def split_validation(examples: Examples, val_size, seed: int) -> tuple[Examples, Examples]:
@@ -95,6 +125,7 @@ class DataStats:
 
 def build_datasets(cfg, tokenizer, seed: int) -> tuple[Examples, Examples | None, DataStats]:
     """Train rows (shuffled and packed when cfg.packing), valid rows or None, and stats."""
+    use_chat_template(tokenizer, cfg.chat_template)
     train = load_dataset(cfg.train, tokenizer, cfg)
     valid = None
     if cfg.valid is not None:
