@@ -45,7 +45,6 @@ def _load_cupy(index):
         ) from None
     if index >= count:
         raise DeviceError(f"cuda:{index} requested but this machine has {count} CUDA device(s)")
-    cupy.cuda.Device(index).use()
     return cupy
 
 

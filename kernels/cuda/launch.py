@@ -12,13 +12,6 @@ def is_cupy(a):
     return type(a).__module__.split(".")[0] == "cupy"
 
 
-def array_module(a):
-    if is_cupy(a):
-        import cupy
-        return cupy
-    return np
-
-
 def launch(kernel, grid, block, args, result):
     """kernel[grid, block](*args); args[result] is the output array (cupy or numpy)."""
     out = args[result]

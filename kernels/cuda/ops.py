@@ -4,10 +4,11 @@ import numpy as np
 from numba import config
 
 from ...errors import DeviceError
+from ...quant.packed import array_module
 from ..format_ids import checked_format
 from . import gemv, tiled
 from .gemm import Tile, gemm_kernel
-from .launch import array_module, is_cupy, launch, weight_args
+from .launch import is_cupy, launch, weight_args
 
 SIM_TILE = Tile(tm=8, tc=16, tr=16, rm=4, rn=4, seg=8)  # 8 threads: fast in the simulator
 SMALL_M_TILE = Tile(tm=16, tc=64, tr=32, rm=1, rn=4, seg=8)  # 256 threads, M <= 16

@@ -1,8 +1,9 @@
 """Decode chosen rows of a packed weight on the GPU (embedding lookups), one launch per call."""
 from numba import cuda
 
+from ...quant.packed import array_module
 from .decode import decode_run
-from .launch import array_module, launch, weight_args
+from .launch import launch, weight_args
 
 RUN = 16  # elements one thread decodes, THREADS apart: a warp reads and writes neighbours
 THREADS = 256
