@@ -1,14 +1,17 @@
 """Adapters in the PEFT format: adapter_model.safetensors + adapter_config.json."""
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 from safetensors.numpy import load_file
 
 from ..config_coerce import lora_config
 from ..errors import ModelError
 from ..fileio import save_safetensors, write_json
 from ..lora_targets import layer_index
+from ..models.identity import base_mismatch, identity_metadata, recorded_identity
 from ..nn import Linear, PackedLinear
 from ..quant import REGISTRY
 from .inject import apply_lora
@@ -92,7 +95,9 @@ def save_adapter(model, out_dir):
     """Write the adapter of `model` to `out_dir` in the PEFT format (atomically, file by file)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(out / WEIGHTS, adapter_state(model), metadata={"format": "pt"})
+    identity = getattr(model, "base_identity", None)
+    meta = {"format": "pt", **(identity_metadata(identity) if identity else {})}
+    save_safetensors(out / WEIGHTS, adapter_state(model), metadata=meta)
     write_json(out / CONFIG, adapter_config(model))
     return out
 
@@ -119,6 +124,24 @@ def read_adapter(adapter_dir):
     return cfg, tensors
 
 
+class BaseMismatchWarning(UserWarning):
+    """An adapter is used with a base other than the one it was trained on."""
+
+
+def check_base(adapter_dir, identity):
+    """Warn (BaseMismatchWarning) when the base `identity` (models.identity.base_identity) is
+    not the one the adapter at `adapter_dir` recorded; an adapter without a record passes."""
+    w_path = Path(adapter_dir) / WEIGHTS
+    try:
+        with safe_open(str(w_path), framework="numpy") as f:
+            recorded = recorded_identity(f.metadata())
+    except Exception:  # noqa: BLE001 - read_adapter reports a damaged file with its reason
+        return
+    why = base_mismatch(recorded, identity)
+    if why:
+        warnings.warn(f"{adapter_dir}: the adapter {why}", BaseMismatchWarning, stacklevel=3)
+
+
 def _check_weights(path, key, value):
     """Adapter tensors are floating point and finite; a NaN or Inf would only surface later,
     deep inside a kernel."""
@@ -131,7 +154,8 @@ def _check_weights(path, key, value):
                          "adapter is damaged (or was saved from a diverged run)")
 
 
-def _strip(key):
+def strip_key(key):
+    """A PEFT key without its model prefix and adapter name."""
     key = key[len(PREFIX):] if key.startswith(PREFIX) else key
     return key.replace(".default.", ".")  # keys saved with an adapter name
 
@@ -139,9 +163,11 @@ def _strip(key):
 def load_adapter(model, adapter_dir):
     """Load a PEFT-format adapter (ours or PEFT's) into `model`, applying LoRA if needed."""
     cfg, tensors = read_adapter(adapter_dir)
+    if getattr(model, "base_identity", None):
+        check_base(adapter_dir, model.base_identity)
     weights = {}
     for key, value in tensors.items():
-        k = _strip(key)
+        k = strip_key(key)
         if k.endswith(".lora_magnitude_vector.weight"):
             k = k[: -len(".weight")]
         weights[k] = value

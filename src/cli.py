@@ -3,6 +3,7 @@ import argparse
 import json
 import sys
 import traceback
+import warnings
 
 from .adapters import load_adapter
 from .device import Device
@@ -10,6 +11,9 @@ from .errors import PackloraError
 from .evaluate import exact_match
 from .export import export_model
 from .generate import generate
+from .gguf_out.adapter import OUTTYPES, export_gguf_adapter
+from .gguf_out.merge import TARGETS as GGUF_TARGETS
+from .gguf_out.merge import merge_to_gguf
 from .inspect_model import inspect_report
 from .memory.report import run_memory_report
 from .models import load_model
@@ -53,7 +57,15 @@ def _cmd_eval(a):
 
 
 def _cmd_merge(a):
-    out = export_model(a.model, a.out, adapter=a.adapter, dtype=a.dtype, quantize=a.quantize)
+    if a.out.lower().endswith(".gguf"):
+        out = merge_to_gguf(a.model, a.adapter, a.out, quantize_to=a.quantize)
+    else:
+        out = export_model(a.model, a.out, adapter=a.adapter, dtype=a.dtype, quantize=a.quantize)
+    print(f"wrote {out}")
+
+
+def _cmd_export_gguf(a):
+    out = export_gguf_adapter(a.adapter, a.out, model=a.model, outtype=a.outtype)
     print(f"wrote {out}")
 
 
@@ -124,13 +136,25 @@ def build_parser():
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(fn=_cmd_eval)
-    p = add("merge", "merge an adapter into the base and write an HF folder")
+    p = add("merge", "merge an adapter into the base: an HF folder, or one GGUF file")
     p.add_argument("--model", required=True)
     p.add_argument("--adapter", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--quantize", default=None, help="write packed weights in this format")
+    p.add_argument("--out", required=True,
+                   help="a folder (HF layout), or a .gguf file for llama.cpp / Ollama")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="float type of an HF folder's weights")
+    p.add_argument("--quantize", default=None,
+                   help="HF folder: write packed weights in this format; .gguf: the linear "
+                        f"weights' type ({', '.join(GGUF_TARGETS)}; default: each keeps its "
+                        "type from a GGUF base, f16 from an HF base)")
     p.set_defaults(fn=_cmd_merge)
+    p = add("export-gguf", "write a LoRA adapter as a llama.cpp adapter GGUF (--lora)")
+    p.add_argument("adapter", help="a run's output folder or a PEFT-format adapter folder")
+    p.add_argument("--out", required=True, help="the .gguf file to write (must not exist)")
+    p.add_argument("--model", default=None,
+                   help="the base it will run on (default: the adapter's base_model_name_or_path)")
+    p.add_argument("--outtype", default="f32", choices=list(OUTTYPES))
+    p.set_defaults(fn=_cmd_export_gguf)
     p = add("quantize", "write a packed model that loads without re-quantizing")
     p.add_argument("source")
     p.add_argument("out_dir")
@@ -165,8 +189,13 @@ def main(argv=None):
     return code
 
 
+def _warn_one_line(message, category, filename, lineno, file=None, line=None):
+    print(f"packlora: warning: {message}", file=sys.stderr)
+
+
 def _run(argv):
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _warn_one_line
     try:
         args.fn(args)
     except (PackloraError, OSError) as e:  # OSError: a full disk, a path that is a file, ...

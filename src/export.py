@@ -6,11 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .adapters.peft_io import _strip, lora_config_from_peft, read_adapter
-from .config import lora_scale
+from .adapters.deltas import AdapterDeltas
 from .errors import ModelError
 from .fileio import atomic_path, write_json
-from .lora_targets import pattern_value
+from .models.files import float32_to_bf16
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
 from .models.tensors import model_tensors
@@ -22,9 +21,8 @@ _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
 
 
 def _to_dtype(a, dtype):
-    if dtype == "bfloat16":  # round to nearest even, keep the high 16 bits
-        bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    if dtype == "bfloat16":
+        return float32_to_bf16(a)
     return np.ascontiguousarray(a, dtype=_DTYPES[dtype][1])
 
 
@@ -54,30 +52,6 @@ class StreamingSafetensors:
         self.f.write(np.ascontiguousarray(array).tobytes())
 
 
-class _Adapter:
-    """Adapter deltas by module path, read from a PEFT-format folder."""
-
-    def __init__(self, adapter_dir):
-        cfg, tensors = read_adapter(adapter_dir)
-        self.w = {_strip(k).removesuffix(".weight"): v for k, v in tensors.items()}
-        self.lora = lora_config_from_peft(cfg, {k.rsplit(".lora_", 1)[0] for k in self.w})
-
-    def scale(self, path, rank):
-        """The scale load_adapter gives this module's adapter (rank: of its stored lora_A)."""
-        alpha = pattern_value(path, self.lora.alpha_pattern, self.lora.alpha)
-        return lora_scale(alpha, rank, self.lora.use_rslora)
-
-    def apply(self, path, w):
-        a, b = self.w.pop(f"{path}.lora_A", None), self.w.pop(f"{path}.lora_B", None)
-        if a is None:
-            return w
-        w = w + self.scale(path, a.shape[0]) * (b.astype(np.float32) @ a.astype(np.float32))
-        mag = self.w.pop(f"{path}.lora_magnitude_vector", None)
-        if mag is not None:  # DoRA: rescale each output row to its learned magnitude
-            w *= (mag / np.linalg.norm(w, axis=1))[:, None]
-        return w
-
-
 def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
                  block_size=None, double_quant=None):
     """Write `source` (+ merged adapter) to out_dir: config.json, tokenizer, and either
@@ -87,15 +61,17 @@ def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
     src = open_source(resolve_source(source))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    delta = _Adapter(adapter) if adapter else None
+    delta = AdapterDeltas(adapter) if adapter else None
     names = sorted(src.names())
     if quantize:
         _write_packed(src, names, out, delta, quantize, block_size, double_quant)
     else:
         _write_dense(src, names, out, delta, dtype)
-    if delta is not None and delta.w:
-        raise ModelError(f"{adapter}: adapter weights for modules the model lacks: "
-                         f"{sorted(delta.w)[:3]}")
+    if delta is not None:
+        missing = sorted(set(delta.modules) - {n.removesuffix(".weight") for n in names})
+        if missing or delta.other:
+            raise ModelError(f"{adapter}: adapter weights for modules the model lacks: "
+                             f"{(missing or delta.other)[:3]}")
     hf_cfg = src.config.to_hf_dict()
     if not quantize:
         hf_cfg["torch_dtype"] = dtype  # what model.safetensors holds
@@ -109,8 +85,9 @@ def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
 def _float_tensor(src, name, delta):
     value = src.get(name)
     w = value.dequantize() if hasattr(value, "dequantize") else np.asarray(value, np.float32)
-    if delta is not None and name.endswith(".weight"):
-        w = delta.apply(name[: -len(".weight")], w)
+    path = name.removesuffix(".weight")
+    if delta is not None and path in delta.modules:
+        w = delta.merged_rows(path, w)
     return w
 
 

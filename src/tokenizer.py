@@ -92,6 +92,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def to_json(self) -> dict:
+        """The tokenizer.json contents (the `tokenizers` library's own serialisation)."""
+        return json.loads(self._tok.to_str())
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

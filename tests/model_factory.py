@@ -221,13 +221,16 @@ def gguf_reference_weights(stored, arch):
     return out
 
 
-def write_chatml_tokenizer(folder):
-    """A byte-level BPE tokenizer (no merges) with ChatML specials; returns its vocab size."""
+def write_chatml_tokenizer(folder, merges=()):
+    """A byte-level BPE tokenizer with ChatML specials and the given merges (pairs of byte-level
+    token strings, e.g. ("h", "e"), each adding its joined token); returns its vocab size."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
     specials = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    merged = [a + b for a, b in merges]
+    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet())
+                                        + merged)}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=list(merges)))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)
@@ -241,11 +244,11 @@ def write_chatml_tokenizer(folder):
     return len(vocab)
 
 
-def tiny_chat_model(folder, seed=0):
+def tiny_chat_model(folder, seed=0, merges=()):
     """A random tiny Llama HF folder whose vocabulary is the tokenizer's."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = write_chatml_tokenizer(folder)
+    vocab = write_chatml_tokenizer(folder, merges)
     w = random_weights("llama", seed)
     rng = np.random.default_rng(seed + 1)
     w["model.embed_tokens.weight"] = rng.standard_normal((vocab, HIDDEN)).astype(np.float32)

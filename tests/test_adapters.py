@@ -309,7 +309,10 @@ def test_save_adapter_peft_layout(hf_dir, tmp_path, dora):
                                     "use_dora": dora, "rank_pattern": {"up_proj": 2}})
     save_adapter(m, tmp_path)
     with safe_open(str(tmp_path / "adapter_model.safetensors"), "np") as f:
-        assert f.metadata() == {"format": "pt"}
+        meta = f.metadata()
+        assert meta["format"] == "pt"  # PEFT's; the base it was trained on rides along
+        base = json.loads(meta["packlora.base"])
+        assert base["name"] == str(hf_dir) and base["size"] > 0 and base["quant"]["format"]
         keys = set(f.keys())
         shapes = {k: f.get_tensor(k).shape for k in keys}
     want = set()

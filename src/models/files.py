@@ -74,6 +74,12 @@ def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def float32_to_bf16(a) -> np.ndarray:
+    """float32 -> bfloat16 bits as uint16, rounded to nearest even."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
 class HFFolder:
     """A Hugging Face model folder: config.json, tokenizer files and (sharded) safetensors."""
 

@@ -26,6 +26,9 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
 _NO_HF_NAME = ("rope_freqs.weight",)  # llama.cpp-only tensors folded into the config
 _HF_BLOCK = {v: k for k, v in _BLOCK_NAMES.items()}
 _HF_GLOBAL = {v: k for k, v in _GLOBAL_NAMES.items()}
+# Architectures whose GGUF Q/K rows are in llama.cpp's interleaved order: llama.cpp rotates them
+# in adjacent pairs, so its HF converter permutes those rows (Qwen2/Qwen3 rotate halves, as HF).
+QK_PERMUTED_ARCHS = ("llama", "mistral")
 _GGUF_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _HF_RE = re.compile(r"model\.layers\.(\d+)\.([\w.]+)\.(weight|bias)$")
 
@@ -98,7 +101,7 @@ class GGUFModelFile:
     @property
     def qk_permuted(self) -> bool:
         """True if Q/K rows are in llama.cpp's interleaved order (see qk_row_order)."""
-        return self.architecture in ("llama", "mistral")
+        return self.architecture in QK_PERMUTED_ARCHS
 
     @property
     def config(self) -> ModelConfig:
@@ -118,6 +121,22 @@ class GGUFModelFile:
                 return None  # a weights-only file: the model loads without a tokenizer
             self._tokenizer = Tokenizer.from_gguf(self.fields, str(self.path))
         return self._tokenizer
+
+    def typed_fields(self):
+        """[(key, value, GGUFValueType, array element type or None)] of every metadata key, in
+        file order, values as read (what a GGUF writer needs to copy them)."""
+        out = []
+        for key, field in self._reader.fields.items():
+            if key.startswith("GGUF."):  # the reader's view of the header, not metadata
+                continue
+            sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+            out.append((key, self.fields[key], field.types[0], sub))
+        return out
+
+    def tensor_location(self, name: str) -> tuple[int, int]:
+        """(absolute byte offset, byte count) of a tensor's data in the file."""
+        t = self._get(name)
+        return int(t.data_offset), int(t.n_bytes)
 
     def tensor_names(self) -> list[str]:
         return list(self._tensors)

@@ -12,6 +12,7 @@ from ..nn import Embedding, Linear, PackedLinear, RMSNorm
 from ..quant import quantize as quantize_fn
 from ..tensor import Tensor
 from .llama import MLP, Attention, Backbone, DecoderLayer, LlamaForCausalLM
+from .identity import base_identity
 from .resolve import resolve_source
 from .sources import open_source
 from .tensors import model_tensors, quant_spec
@@ -93,4 +94,5 @@ def load_model(source, device=None, quant=None, with_tokenizer=True):
                                            norm), lm_head, device, tok, path)
     model.quant = quant_spec(quant)
     model.source_name = str(source)  # as the user gave it: a model name stays a name
+    model.base_identity = base_identity(source, path, model.quant)  # saved with adapters
     return model

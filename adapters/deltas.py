@@ -1,0 +1,66 @@
+"""A PEFT-format adapter read as weight deltas by module path: what merge and export-gguf apply.
+
+The scale of each module is the one load_adapter gives it (alpha or its alpha_pattern entry,
+over r or sqrt(r) with rsLoRA, r from the stored lora_A), so a merged weight computes what the
+adapted model computed."""
+import numpy as np
+
+from ..config import lora_scale
+from ..errors import ModelError
+from ..lora_targets import pattern_value
+from .peft_io import lora_config_from_peft, read_adapter, strip_key
+
+MAGNITUDE = "lora_magnitude_vector"
+
+
+class AdapterDeltas:
+    """{module path: (A (r, in), B (out, r), magnitude (out,) or None)} of an adapter folder."""
+
+    def __init__(self, adapter_dir):
+        self.path = str(adapter_dir)
+        self.config, tensors = read_adapter(adapter_dir)
+        weights = {strip_key(k).removesuffix(".weight"): v for k, v in tensors.items()}
+        self.other = sorted(k for k in weights if not _is_lora_key(k))  # e.g. modules_to_save
+        paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights if _is_lora_key(k)})
+        self.lora = lora_config_from_peft(self.config, paths)
+        self.modules = {}
+        for p in paths:
+            a, b = weights.get(f"{p}.lora_A"), weights.get(f"{p}.lora_B")
+            if a is None or b is None or a.shape[0] != b.shape[1]:
+                raise ModelError(f"{self.path}: {p} needs lora_A (r, in) and lora_B (out, r) "
+                                 "of the same r")
+            mag = weights.get(f"{p}.{MAGNITUDE}")
+            self.modules[p] = (a.astype(np.float32), b.astype(np.float32),
+                               None if mag is None else mag.astype(np.float32))
+
+    @property
+    def has_dora(self):
+        return any(m[2] is not None for m in self.modules.values())
+
+    @property
+    def nbytes(self):
+        return sum(x.nbytes for m in self.modules.values() for x in m if x is not None)
+
+    def scale(self, path):
+        """The output scale s of y = Wx + s·BAx for module `path`."""
+        rank = self.modules[path][0].shape[0]
+        alpha = pattern_value(path, self.lora.alpha_pattern, self.lora.alpha)
+        return lora_scale(alpha, rank, self.lora.use_rslora)
+
+    def alpha(self, path):
+        return float(pattern_value(path, self.lora.alpha_pattern, self.lora.alpha))
+
+    def merged_rows(self, path, w, rows=None):
+        """W + s·B·A for the rows `rows` (an index array or slice; all when None) of module
+        `path`, whose base rows are `w` (r, in) float32; DoRA rescales each row to its learned
+        magnitude. Rows are independent, so a weight can be merged a block of rows at a time."""
+        a, b, mag = self.modules[path]
+        sel = slice(None) if rows is None else rows
+        w = w + np.float32(self.scale(path)) * (b[sel] @ a)
+        if mag is not None:
+            w *= (mag[sel] / np.linalg.norm(w, axis=1))[:, None]
+        return w
+
+
+def _is_lora_key(key):
+    return ".lora_A" in key or ".lora_B" in key or key.endswith(MAGNITUDE)

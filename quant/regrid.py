@@ -1,0 +1,100 @@
+"""Re-quantize changed weights onto the grid they are stored on, rounding stochastically.
+
+A LoRA merge changes a weight by far less than its quantization step: W' = deq(Q(W)) + δ with
+|δ| mostly under half a step. Quantizing W' afresh rounds it to the nearest point — the base's
+own point — and the adapter vanishes (or, with new scales, every weight's rounding is rolled
+again). Keeping each block's scales and rounding W' up or down with probability given by where
+it lies between the two grid points keeps every element unbiased (E[deq] = W'), adds little
+noise where δ is small, and leaves the block bytes' scales untouched.
+
+Nothing here knows a format's bit layout: the format's own decoder is probed once, bit by bit,
+to learn which element and which power of two each code bit is (ggml keeps codes in their own
+byte ranges, BlockLayout.codes_at / high_bits_at)."""
+import functools
+
+import numpy as np
+
+from ..errors import QuantError
+from .registry import GGML_ROWS, REGISTRY
+
+
+def _code_bytes(layout):
+    """Byte offsets of one block that hold code bits: the low 4 (or 8) bits, then high bits."""
+    low = 8 if layout.code_bits == 8 else 4
+    spans = [(layout.codes_at, layout.elems * low // 8)]
+    if layout.code_bits > low:
+        spans.append((layout.high_bits_at, layout.elems * (layout.code_bits - low) // 8))
+    return np.concatenate([np.arange(at, at + n) for at, n in spans])
+
+
+def _decode_blocks(entry, blocks):
+    """(n, BPB) uint8 blocks -> (n, elems) float32 values, by the format's reference decoder."""
+    n = blocks.shape[0]
+    return entry.dequantize(entry, {"blocks": blocks}, (n, entry.layout.elems),
+                            entry.default_block_size)
+
+
+@functools.cache
+def bit_map(fmt):
+    """(code byte offsets, element of each code bit, signed weight of each code bit) of format
+    `fmt`, bits in little-endian order within each byte, learned from its decoder."""
+    entry = REGISTRY[fmt]
+    if entry.storage != GGML_ROWS or not entry.quantizable:
+        raise QuantError(f"{fmt}: no stored grid to re-quantize onto")
+    layout = entry.layout
+    rng = np.random.default_rng(0)
+    block = entry.quantize(entry, rng.standard_normal((1, layout.elems)).astype(np.float32),
+                           None, False, "probe")["blocks"].reshape(layout.nbytes)
+    where = _code_bytes(layout)
+    zero = block.copy()
+    zero[where] = 0
+    nbits = where.size * 8
+    probes = np.repeat(zero[None], nbits, axis=0)                    # (nbits, BPB)
+    bit = np.arange(nbits)
+    probes[bit, where[bit // 8]] = (1 << (bit % 8)).astype(np.uint8)
+    change = _decode_blocks(entry, probes) - _decode_blocks(entry, zero[None])
+    element = np.abs(change).argmax(axis=1)
+    if ((change != 0).sum(axis=1) != 1).any():
+        raise QuantError(f"{fmt}: a code bit changes more than one value; cannot re-grid")
+    value = change[bit, element]      # signed: a block's scale may be negative (Q6_K)
+    lsb = np.zeros(layout.elems, np.float32)
+    for b in np.argsort(-np.abs(value), kind="stable"):  # ends with each element's smallest
+        lsb[element[b]] = value[b]
+    weight = np.rint(value / lsb[element]).astype(np.int64)
+    return where, element, weight
+
+
+def requantize_on_grid(fmt, stored, target, rng):
+    """Blocks (rows, nb*BPB) uint8 of `fmt` holding `target` (rows, K) float32 on the grid of
+    `stored` (same shape as the result): scales kept, codes stochastically rounded. A block
+    whose new values go more than a step past its grid's range is quantized afresh."""
+    entry = REGISTRY[fmt]
+    layout = entry.layout
+    where, element, weight = bit_map(fmt)
+    rows, k = target.shape
+    blocks = np.array(stored, np.uint8).reshape(rows * (k // layout.elems), layout.nbytes)
+    zero = blocks.copy()
+    zero[:, where] = 0
+    lsb_bits = np.zeros(layout.nbytes, np.uint8)
+    for b in np.flatnonzero(np.abs(weight) == 1):  # every element's lowest bit, set
+        lsb_bits[where[b // 8]] |= np.uint8(1 << (b % 8))
+    base = _decode_blocks(entry, zero)                              # (n, elems) value of code 0
+    step = _decode_blocks(entry, zero | lsb_bits) - base            # (n, elems) one code step
+    t = target.reshape(base.shape) - base
+    flat = step == 0                     # a zero scale: the code does not matter
+    codes = np.floor(t / np.where(flat, 1, step) + rng.random(t.shape, dtype=np.float32))
+    lo = np.zeros(layout.elems, np.int64)
+    hi = np.zeros(layout.elems, np.int64)
+    np.add.at(lo, element, np.minimum(weight, 0))
+    np.add.at(hi, element, np.maximum(weight, 0))
+    codes = np.where(flat, 0, codes).astype(np.int64)
+    # a block the merge takes more than a step past its grid's ends gets a grid of its own;
+    # up to one step, clipping the few values there costs less than re-rounding the block
+    outside = ((codes < lo - 1) | (codes > hi + 1)).any(axis=1)
+    codes = np.clip(codes, lo, hi)
+    bits = ((codes[:, element] & np.abs(weight)) != 0).astype(np.uint8)  # (n, nbits)
+    zero[:, where] = np.packbits(bits, axis=1, bitorder="little")
+    if outside.any():
+        fresh = target.reshape(base.shape)[outside]
+        zero[outside] = entry.quantize(entry, fresh, None, False, "merged")["blocks"]
+    return zero.reshape(rows, -1)

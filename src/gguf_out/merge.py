@@ -1,0 +1,227 @@
+"""`packlora merge ... --out model.gguf`: base + adapter as one self-contained GGUF.
+
+Tensors stream one at a time, and the ones that change a block of rows at a time: the stored
+rows are read from the file (not through a memory map, so the process does not grow by the
+size of the base), decoded to float32, merged (W + s·B·A, DoRA's row rescale), re-quantized
+and written. Untouched tensors are copied byte for byte. Each linear weight keeps the type it
+had in a GGUF base unless `quantize` names another (a type, or a llama.cpp-style preset)."""
+import os
+import zlib
+
+import numpy as np
+from gguf import GGMLQuantizationType as GGML
+
+from ..adapters.deltas import AdapterDeltas
+from ..adapters.peft_io import check_base
+from ..errors import ModelError
+from ..models.files import bf16_to_float32, float32_to_bf16
+from ..models.gguf_file import hf_name
+from ..models.identity import base_identity
+from ..models.tensors import PROJECTIONS
+from ..quant import BY_GGUF_NAME, QUANTIZABLE, REGISTRY, PackedWeight, quantize
+from ..quant.presets import FALLBACK, PRESETS, preset_format
+from ..quant.regrid import requantize_on_grid
+from .layout import BaseLayout
+from .metadata import file_type_kv, gguf_base_kv, hf_base_kv
+from .stream import GGUFStream, TensorPlan, check_new_output
+
+FLOAT_TYPES = {"f32": GGML.F32, "f16": GGML.F16, "bf16": GGML.BF16}
+CHUNK_ELEMS = 1 << 22  # float32 values merged at a time (16 MiB): the merge's working set
+TARGETS = (*PRESETS, *(f for f in QUANTIZABLE if REGISTRY[f].gguf_type is not None),
+           *FLOAT_TYPES)
+
+
+class Job:
+    """How one output tensor is made: copied from a GGUF base (`copy`), or produced in float
+    (merged and/or re-quantized) as `out_type`."""
+
+    def __init__(self, hf, gguf, shape, in_type, out_type, merge, copy):
+        self.hf, self.gguf, self.shape = hf, gguf, tuple(shape)
+        self.in_type, self.out_type, self.merge, self.copy = in_type, out_type, merge, copy
+
+
+def _linear_place(hf, n_layers):
+    """(projection, layer, layers) of a linear weight, None for any other tensor."""
+    for proj in PROJECTIONS:
+        if hf is not None and hf.endswith(f".{proj}.weight"):
+            return proj, int(hf.split(".")[2]), n_layers
+    return None
+
+
+def out_type(quantize_to, place, k, stored):
+    """The GGML type a linear weight is written in: the preset's pick, or the named type with
+    llama.cpp's fallback for rows a K-quant cannot hold, or (no choice) the stored type."""
+    if quantize_to is None:
+        return stored
+    if quantize_to in FLOAT_TYPES:
+        return FLOAT_TYPES[quantize_to]
+    fmt = preset_format(quantize_to, *place, k) if quantize_to in PRESETS else quantize_to
+    if k % REGISTRY[fmt].layout.elems and fmt in FALLBACK:
+        fmt = FALLBACK[fmt]
+    return REGISTRY[fmt].gguf_type
+
+
+def _plan_jobs(base, deltas, quantize_to):
+    cfg = base.config
+    jobs = []
+    names = base.gguf.tensor_names() if base.gguf else sorted(
+        base.source.names(), key=_hf_order)
+    for name in names:
+        hf = hf_name(name) if base.gguf else name
+        gguf = name if base.gguf else base.gguf_name(name)
+        shape = base.gguf.tensor(name)[1] if base.gguf else base.shape(name)
+        stored = base.gguf.tensor(name)[0] if base.gguf else "F32"
+        in_type = GGML[stored]
+        place = _linear_place(hf, cfg.num_layers)
+        merge = hf is not None and hf.removesuffix(".weight") in deltas.modules
+        new = out_type(quantize_to, place, shape[-1], in_type) if place else in_type
+        if not base.gguf and not place:
+            new = _hf_other_type(quantize_to, len(shape))
+        jobs.append(Job(hf, gguf, shape, in_type, new, merge,
+                        copy=base.gguf is not None and not merge and new == in_type))
+    return jobs
+
+
+def _hf_other_type(quantize_to, ndim):
+    """Norms stay F32; the embedding and LM head of an HF base: F32/F16/BF16 as asked, Q8_0
+    under any quantized type (what llama.cpp's converter gives at --outtype q8_0)."""
+    if ndim == 1 or quantize_to in (None, "f32"):
+        return GGML.F32
+    return FLOAT_TYPES.get(quantize_to, GGML.Q8_0)
+
+
+def _hf_order(name):
+    """llama.cpp's converter order: embedding, the blocks in order, final norm, head."""
+    parts = name.split(".")
+    layer = int(parts[2]) if name.startswith("model.layers.") else None
+    rank = 0 if "embed_tokens" in name else 1 if layer is not None else 2
+    return rank, layer or 0, name
+
+
+def _check_jobs(jobs, deltas):
+    sizes = {j.hf.removesuffix(".weight"): j.shape for j in jobs if j.hf}
+    for path, (a, b, _) in deltas.modules.items():
+        want = sizes.get(path)
+        if want is None:
+            raise ModelError(f"{deltas.path}: the adapter has weights for {path!r}, which the "
+                             "base does not have: not this adapter's base")
+        if want != (b.shape[0], a.shape[1]):
+            raise ModelError(f"{deltas.path}: {path} adapts a ({b.shape[0]}, {a.shape[1]}) "
+                             f"weight, the base's is {want}: not this adapter's base")
+    for j in jobs:
+        if j.copy:
+            continue
+        fmt = BY_GGUF_NAME.get(j.out_type.name)
+        if j.out_type not in FLOAT_TYPES.values() and (fmt is None or not fmt.quantizable):
+            raise ModelError(f"tensor {j.gguf!r} is stored as {j.out_type.name}, which packlora "
+                             "cannot quantize to; choose a type with --quantize (one of "
+                             f"{', '.join(TARGETS)})")
+
+
+def merge_to_gguf(model, adapter, out, quantize_to=None):
+    """Write base `model` (name, HF folder or .gguf) with the PEFT adapter `adapter` merged in
+    as a GGUF file at `out`; `quantize_to`: a type or preset for the linear weights (default:
+    each keeps its type from a GGUF base; F16 for an HF base). Returns the output path."""
+    if quantize_to is not None and quantize_to not in TARGETS:
+        raise ModelError(f"--quantize for a GGUF output must be one of {', '.join(TARGETS)}, "
+                         f"got {quantize_to!r}")
+    out = check_new_output(out)
+    base = BaseLayout.open(model)
+    deltas = AdapterDeltas(adapter)
+    if deltas.other:
+        raise ModelError(f"{adapter}: tensors other than LoRA/DoRA weights ({deltas.other[0]!r})"
+                         " are not merged; the adapter is not one packlora wrote")
+    check_base(adapter, base_identity(model, base.path, None))
+    if base.gguf is None and quantize_to is None:
+        quantize_to = "f16"
+    jobs = _plan_jobs(base, deltas, quantize_to)
+    _check_jobs(jobs, deltas)
+    kv = gguf_base_kv(base.gguf) if base.gguf else hf_base_kv(base, model)
+    kv = file_type_kv(kv, quantize_to) if quantize_to is not None else kv
+    plans = [TensorPlan(j.gguf, j.shape, j.out_type) for j in jobs]
+    with GGUFStream(out, base.arch, kv, plans) as f:
+        reader = _Reader(base)
+        for j in jobs:
+            for piece in (reader.raw_pieces(j) if j.copy else _merged_pieces(base, deltas, j,
+                                                                                reader)):
+                f.write(j.gguf, piece)
+        reader.close()
+    return out
+
+
+class _Reader:
+    """Stored bytes of a GGUF base's tensors, read with pread: the pages read are the kernel's
+    cache, not this process's memory."""
+
+    def __init__(self, base):
+        self.base = base
+        self.fd = os.open(base.gguf.path, os.O_RDONLY) if base.gguf else None
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def raw_pieces(self, job, step=1 << 24):
+        offset, n = self.base.gguf.tensor_location(job.gguf)
+        for at in range(0, n, step):
+            yield os.pread(self.fd, min(step, n - at), offset + at)
+
+    def raw_rows(self, job, r0, r1):
+        """The stored bytes of rows r0:r1, (rows, bytes per row) uint8."""
+        offset, n = self.base.gguf.tensor_location(job.gguf)
+        row_bytes = n // job.shape[0]
+        raw = os.pread(self.fd, (r1 - r0) * row_bytes, offset + r0 * row_bytes)
+        return np.frombuffer(raw, np.uint8).reshape(r1 - r0, row_bytes)
+
+
+def _decode(kind, shape, data):
+    if kind == GGML.F32:
+        return data.view(np.float32).reshape(shape)
+    if kind == GGML.F16:
+        return data.view(np.float16).reshape(shape).astype(np.float32)
+    if kind == GGML.BF16:
+        return bf16_to_float32(data.view(np.uint16)).reshape(shape)
+    return PackedWeight.from_gguf(kind.name, shape, data).dequantize()
+
+
+def _encode(kind, w):
+    if kind == GGML.F32:
+        return np.ascontiguousarray(w, np.float32)
+    if kind == GGML.F16:
+        return w.astype(np.float16)
+    if kind == GGML.BF16:
+        return float32_to_bf16(w)
+    return quantize(w, BY_GGUF_NAME[kind.name].name, name="merged").buffers["blocks"]
+
+
+def _on_own_grid(job):
+    """Whether a merged weight goes back onto the grid it is stored on (see quant.regrid)."""
+    fmt = BY_GGUF_NAME.get(job.in_type.name)
+    return job.merge and job.out_type == job.in_type and fmt is not None and fmt.quantizable
+
+
+def _merged_pieces(base, deltas, job, reader):
+    """The output bytes of one float-path tensor, a block of rows at a time."""
+    whole = None
+    if base.gguf is None:  # an HF tensor: read whole, put in GGUF row order
+        whole = np.asarray(base.source.get(job.hf), np.float32)
+        order = base.gguf_rows(job.hf, job.shape[0])
+        whole = whole if order is None else whole[order]
+        if whole.ndim == 1:
+            yield _encode(job.out_type, whole)
+            return
+    rows, k = job.shape
+    hf_rows = base.gguf_rows(job.hf, rows) if job.merge else None
+    step = max(1, CHUNK_ELEMS // k)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        raw = None if whole is not None else reader.raw_rows(job, r0, r1)
+        w = whole[r0:r1] if whole is not None else _decode(job.in_type, (r1 - r0, k), raw)
+        if job.merge:
+            sel = slice(r0, r1) if hf_rows is None else hf_rows[r0:r1]
+            w = deltas.merged_rows(job.hf.removesuffix(".weight"), w, sel)
+        if raw is not None and _on_own_grid(job):
+            rng = np.random.default_rng([zlib.crc32(job.gguf.encode()), r0])  # reproducible
+            yield requantize_on_grid(BY_GGUF_NAME[job.in_type.name].name, raw, w, rng)
+        else:
+            yield _encode(job.out_type, w)
