@@ -30,8 +30,8 @@ class AdapterDeltas:
                 raise ModelError(f"{self.path}: {p} needs lora_A (r, in) and lora_B (out, r) "
                                  "of the same r")
             mag = weights.get(f"{p}.{MAGNITUDE}")
-            self.modules[p] = (a.astype(np.float32), b.astype(np.float32),
-                               None if mag is None else mag.astype(np.float32))
+            self.modules[p] = (a.astype(np.float32, copy=False), b.astype(np.float32, copy=False),
+                               None if mag is None else mag.astype(np.float32, copy=False))
 
     @property
     def has_dora(self):

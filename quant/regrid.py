@@ -60,7 +60,7 @@ def bit_map(fmt):
     lsb = np.zeros(layout.elems, np.float32)
     for b in np.argsort(-np.abs(value), kind="stable"):  # ends with each element's smallest
         lsb[element[b]] = value[b]
-    weight = np.rint(value / lsb[element]).astype(np.int64)
+    weight = np.rint(value / lsb[element]).astype(np.int16)
     return where, element, weight
 
 
@@ -72,9 +72,8 @@ def requantize_on_grid(fmt, stored, target, rng):
     layout = entry.layout
     where, element, weight = bit_map(fmt)
     rows, k = target.shape
-    blocks = np.array(stored, np.uint8).reshape(rows * (k // layout.elems), layout.nbytes)
-    zero = blocks.copy()
-    zero[:, where] = 0
+    zero = np.array(stored, np.uint8).reshape(rows * (k // layout.elems), layout.nbytes)
+    zero[:, where] = 0                   # the blocks with every code 0; scales kept
     lsb_bits = np.zeros(layout.nbytes, np.uint8)
     for b in np.flatnonzero(np.abs(weight) == 1):  # every element's lowest bit, set
         lsb_bits[where[b // 8]] |= np.uint8(1 << (b % 8))
@@ -83,16 +82,16 @@ def requantize_on_grid(fmt, stored, target, rng):
     t = target.reshape(base.shape) - base
     flat = step == 0                     # a zero scale: the code does not matter
     codes = np.floor(t / np.where(flat, 1, step) + rng.random(t.shape, dtype=np.float32))
-    lo = np.zeros(layout.elems, np.int64)
-    hi = np.zeros(layout.elems, np.int64)
+    codes = np.where(flat, 0, codes)
+    lo = np.zeros(layout.elems, np.int16)
+    hi = np.zeros(layout.elems, np.int16)
     np.add.at(lo, element, np.minimum(weight, 0))
     np.add.at(hi, element, np.maximum(weight, 0))
-    codes = np.where(flat, 0, codes).astype(np.int64)
     # a block the merge takes more than a step past its grid's ends gets a grid of its own;
     # up to one step, clipping the few values there costs less than re-rounding the block
     outside = ((codes < lo - 1) | (codes > hi + 1)).any(axis=1)
-    codes = np.clip(codes, lo, hi)
-    bits = ((codes[:, element] & np.abs(weight)) != 0).astype(np.uint8)  # (n, nbits)
+    codes = np.clip(codes, lo, hi).astype(np.int16)                 # every code range fits
+    bits = (codes[:, element] & np.abs(weight)) != 0                # (n, nbits) bool
     zero[:, where] = np.packbits(bits, axis=1, bitorder="little")
     if outside.any():
         fresh = target.reshape(base.shape)[outside]

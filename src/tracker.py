@@ -2,6 +2,7 @@
 
 Imports nothing of packlora: the device owns a tracker, and everything above may use it."""
 import contextlib
+import os
 import resource
 import tracemalloc
 import weakref
@@ -147,11 +148,38 @@ class MemoryTracker:
             "tracked_peak": self.total_peak,
             "process_current": proc_cur,
             "process_peak": proc_peak,
-            "rss_peak": _rss_peak(),
+            "rss_peak": rss_peak(),
         }
 
 
-def _rss_peak():
+def rss_now():
+    """Resident bytes of this process now (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def reset_rss_peak():
+    """Linux lets a process reset its peak RSS (VmHWM); elsewhere the lifetime peak stays."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def rss_peak():
+    """Peak resident bytes of this process (VmHWM, since the last reset_rss_peak)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
     try:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     except OSError:

@@ -26,7 +26,12 @@ from .metadata import file_type_kv, gguf_base_kv, hf_base_kv
 from .stream import GGUFStream, TensorPlan, check_new_output
 
 FLOAT_TYPES = {"f32": GGML.F32, "f16": GGML.F16, "bf16": GGML.BF16}
-CHUNK_ELEMS = 1 << 22  # float32 values merged at a time (16 MiB): the merge's working set
+CHUNK_ELEMS = 1 << 20  # values merged at a time
+# Bytes per value of that chunk at its peak (decoded, merged, re-quantized: the temporaries of
+# regrid and of the K-quant searches), measured with tracemalloc: 36-52 B for every type
+# (tests/test_merge_memory.py holds the merge to it).
+WORKSET_BYTES_PER_VALUE = 56
+COPY_STEP = 1 << 24  # bytes an untouched tensor is copied by
 TARGETS = (*PRESETS, *(f for f in QUANTIZABLE if REGISTRY[f].gguf_type is not None),
            *FLOAT_TYPES)
 
@@ -161,7 +166,7 @@ class _Reader:
         if self.fd is not None:
             os.close(self.fd)
 
-    def raw_pieces(self, job, step=1 << 24):
+    def raw_pieces(self, job, step=COPY_STEP):
         offset, n = self.base.gguf.tensor_location(job.gguf)
         for at in range(0, n, step):
             yield os.pread(self.fd, min(step, n - at), offset + at)

@@ -1,7 +1,6 @@
 """Measure a run's memory: real training steps on random B×T batches, tracker vs process."""
 import gc
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from ..config import resolve_config
 from ..data.example import Example
 from ..device import Device
 from ..models import load_model
-from ..tracker import CATEGORIES
+from ..tracker import CATEGORIES, reset_rss_peak, rss_now, rss_peak
 from ..training.trainer import Trainer
 from .inputs import plan_inputs
 from .planner import plan_from_inputs
@@ -23,35 +22,6 @@ def random_examples(batch, seq, vocab, seed=0):
     rng = np.random.default_rng(seed)
     return [Example(rng.integers(0, vocab, seq), rng.integers(0, vocab, seq),
                     origin=f"random:{i}") for i in range(batch)]
-
-
-def _rss_now():
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _reset_rss_peak():
-    """Linux lets a process reset its peak RSS (VmHWM); elsewhere the lifetime peak stays."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _rss_peak():
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def _process_reset(dev):
@@ -91,7 +61,7 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
     mem.start_process_measure()
     base_cur, base_total = dict(mem.current), mem.total
     proc0 = mem.process_measure()[0] or 0
-    rss0 = _rss_now()
+    rss0 = rss_now()
     model = _load(run, run.model if source is None else source, dev)
     tcfg = run.train.model_copy(update={
         "batch_size": inp.batch, "grad_checkpointing": inp.grad_checkpointing,
@@ -104,11 +74,11 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
             trainer.train_step()
         gc.collect()
         _process_reset(dev)
-        rss_reset = _reset_rss_peak()
+        rss_reset = reset_rss_peak()
         win_tracker, win_proc = mem.total, mem.process_measure()[0]
         history = trainer.run()
         proc_peak = _process_peak(dev, proc0)
-        rss_peak = _rss_peak()
+        rss_high = rss_peak()
         records = _metrics_records(out)
     cats = {c: int(mem.peak[c] - base_cur[c]) for c in CATEGORIES}
     measured = {"categories": cats, "peak_bytes": int(mem.total_peak - base_total),
@@ -117,7 +87,7 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
                 "process_window_peak_bytes": (None if proc_peak is None
                                               else int(proc_peak + proc0 - win_proc)),
                 "process_measure": "tracemalloc" if dev.kind == "cpu" else "cupy memory pool",
-                "rss_peak_bytes": rss_peak if rss_reset else None,
+                "rss_peak_bytes": rss_high if rss_reset else None,
                 "rss_before_load_bytes": rss0, "steps": steps, "warmup_steps": warmup,
                 "step_time_s": float(np.mean([r["step_time_s"] for r in history])),
                 "metrics_jsonl_mem_peak": records[-1].get("mem_peak") if records else None}

@@ -12,6 +12,7 @@ from ..tracker import CATEGORIES
 from .activations import F32, BlockModel
 from .dense_prices import dense_alternatives
 from .inputs import plan_inputs
+from .merge_plan import merge_plan
 
 # ----------------------------------------------------------------------------- dense scratch
 
@@ -192,6 +193,7 @@ def plan_from_inputs(inp):
     main["generation"] = generation_plan(inp, main["at_peak"])
     main["distributed"] = {"ranks": inp.ranks, "batch_per_rank": inp.batch,
                            "allreduce_bytes": allreduce_bytes(inp)}
+    main["merge"] = merge_plan(inp)
     return {"run": inp.run, "plan": main, "dense_alternatives": dense_alternatives(inp, main)}
 
 

@@ -79,6 +79,23 @@ def _activation_table(rep):
     return t
 
 
+_MERGE_ROWS = {"process": "the process itself (measured now)", "adapter": "adapter tensors",
+               "working_set": "rows being merged and re-quantized",
+               "whole_tensor": "one HF tensor read whole (+ its row order)",
+               "copy_buffer": "copy buffer"}
+
+
+def _merge_table(rep):
+    merge = rep["plan"]["merge"]
+    t = Table(title="packlora merge --out model.gguf (MiB)")
+    t.add_column("held at the peak")
+    t.add_column("bytes", justify="right")
+    for key, name in _MERGE_ROWS.items():
+        t.add_row(name, mib(merge[key]))
+    t.add_row("[bold]peak", f"[bold]{mib(merge['peak_bytes'])}")
+    return t
+
+
 def _alternatives_table(rep):
     t = Table(title="the price of dense expansion (MiB)")
     for col in ("the same run, with", "extra", "peak", "× packlora"):
@@ -101,7 +118,8 @@ def print_report(rep, console=None):
         console.print(f"per rank of {dist['ranks']}: batch {dist['batch_per_rank']} of the global "
                       f"{dist['batch_per_rank'] * dist['ranks']}, allreduce buffer "
                       f"{mib(dist['allreduce_bytes'])} MiB (counted under workspace)")
-    for table in (_category_table(rep), _activation_table(rep), _alternatives_table(rep)):
+    for table in (_category_table(rep), _activation_table(rep), _alternatives_table(rep),
+                  _merge_table(rep)):
         console.print(table)
 
 

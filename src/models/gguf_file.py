@@ -88,7 +88,8 @@ class GGUFModelFile:
     def __init__(self, path: Path, reader):
         self.path = path
         self._reader = reader
-        self.fields = _plain_fields(reader, path)
+        self.fields, self._types = _plain_fields(reader, path)
+        reader.fields.clear()  # its per-string arrays: ~70 MiB for a 49k-token vocabulary
         self._tensors = {t.name: t for t in reader.tensors}
         self._check_tensor_sizes()
         self._config = None
@@ -125,13 +126,8 @@ class GGUFModelFile:
     def typed_fields(self):
         """[(key, value, GGUFValueType, array element type or None)] of every metadata key, in
         file order, values as read (what a GGUF writer needs to copy them)."""
-        out = []
-        for key, field in self._reader.fields.items():
-            if key.startswith("GGUF."):  # the reader's view of the header, not metadata
-                continue
-            sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-            out.append((key, self.fields[key], field.types[0], sub))
-        return out
+        return [(key, self.fields[key], *kinds) for key, kinds in self._types.items()
+                if not key.startswith("GGUF.")]  # the reader's view of the header
 
     def tensor_location(self, name: str) -> tuple[int, int]:
         """(absolute byte offset, byte count) of a tensor's data in the file."""
@@ -187,9 +183,10 @@ def open_gguf(path) -> GGUFModelFile:
     return GGUFModelFile(path, reader)
 
 
-def _plain_fields(reader, path: Path) -> dict:
-    """Metadata as plain python values: strings decoded, arrays as lists."""
-    out = {}
+def _plain_fields(reader, path: Path) -> tuple[dict, dict]:
+    """Metadata as plain python values (strings decoded, arrays as lists), and each key's
+    (GGUFValueType, array element type or None)."""
+    out, types = {}, {}
     for key, field in reader.fields.items():
         try:
             value = field.contents()
@@ -200,4 +197,6 @@ def _plain_fields(reader, path: Path) -> dict:
         if field.types == [GGUFValueType.FLOAT32]:
             value = float(str(np.float32(value)))  # 1e-05, not 9.999999747378752e-06
         out[key] = value
-    return out
+        kind = field.types[0] if field.types else None
+        types[key] = (kind, field.types[-1] if kind == GGUFValueType.ARRAY else None)
+    return out, types
