@@ -8,9 +8,11 @@ import numpy as np
 from ..config import lora_scale
 from ..errors import ModelError
 from ..lora_targets import pattern_value
-from .peft_io import lora_config_from_peft, read_adapter, strip_key
+from ..quant import quantize
+from .peft_io import lora_config_from_peft, read_adapter, recorded_base, strip_key
 
 MAGNITUDE = "lora_magnitude_vector"
+BASES = ("float", "quantized")  # what a float base weight is merged into: W, or deq(Q(W))
 
 
 class AdapterDeltas:
@@ -19,6 +21,7 @@ class AdapterDeltas:
     def __init__(self, adapter_dir):
         self.path = str(adapter_dir)
         self.config, tensors = read_adapter(adapter_dir)
+        self.trained_quant = ((recorded_base(adapter_dir) or {}).get("quant") or {})
         weights = {strip_key(k).removesuffix(".weight"): v for k, v in tensors.items()}
         self.other = sorted(k for k in weights if not _is_lora_key(k))  # e.g. modules_to_save
         paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights if _is_lora_key(k)})
@@ -47,8 +50,26 @@ class AdapterDeltas:
         alpha = pattern_value(path, self.lora.alpha_pattern, self.lora.alpha)
         return lora_scale(alpha, rank, self.lora.use_rslora)
 
-    def alpha(self, path):
-        return float(pattern_value(path, self.lora.alpha_pattern, self.lora.alpha))
+    def base_mode(self, requested=None):
+        """"float" (merge into W, what PEFT, Unsloth and the QLoRA authors do) or "quantized"
+        (into deq(Q(W)), the weights the adapter was trained against: the default for LoftQ,
+        whose adapter is fitted to W - deq(Q(W)))."""
+        loftq = self.config.get("init_lora_weights") == "loftq"
+        mode = requested or ("quantized" if loftq else "float")
+        if mode not in BASES:
+            raise ModelError(f"--base must be one of {', '.join(BASES)}, got {mode!r}")
+        if mode == "quantized" and not self.trained_quant.get("format"):
+            why = "it was trained on float weights" if self.trained_quant else \
+                "it does not record the quantization it was trained with"
+            raise ModelError(f"{self.path}: cannot merge into the quantized base: {why}")
+        return mode
+
+    def as_trained(self, w, name):
+        """deq(Q(w)) in the format the adapter was trained with: a float weight (N, K) as the
+        training run held it."""
+        q = self.trained_quant
+        return quantize(w, q["format"], block_size=q.get("block_size"),
+                        double_quant=bool(q.get("double_quant")), name=name).dequantize()
 
     def merged_rows(self, path, w, rows=None):
         """W + s·B·A for the rows `rows` (an index array or slice; all when None) of module

@@ -5,11 +5,10 @@ from pathlib import Path
 
 import numpy as np
 from safetensors import safe_open
-from safetensors.numpy import load_file
 
 from ..config_coerce import lora_config
 from ..errors import ModelError
-from ..fileio import save_safetensors, write_json
+from ..fileio import load_safetensors, save_safetensors, write_json
 from ..lora_targets import layer_index
 from ..models.identity import base_mismatch, identity_metadata, recorded_identity
 from ..nn import Linear, PackedLinear
@@ -116,7 +115,7 @@ def read_adapter(adapter_dir):
     if not isinstance(cfg, dict):
         raise ModelError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
     try:
-        tensors = load_file(str(w_path))
+        tensors = load_safetensors(w_path)
     except Exception as e:  # safetensors raises its own error types on damaged files
         raise ModelError(f"{w_path}: cannot read adapter weights ({e})") from None
     for key, value in tensors.items():
@@ -128,16 +127,20 @@ class BaseMismatchWarning(UserWarning):
     """An adapter is used with a base other than the one it was trained on."""
 
 
+def recorded_base(adapter_dir):
+    """The base record save_adapter put in the adapter's weights file, or None (an adapter from
+    PEFT or an older packlora, or a file read_adapter will report as damaged)."""
+    try:
+        with safe_open(str(Path(adapter_dir) / WEIGHTS), framework="numpy") as f:
+            return recorded_identity(f.metadata())
+    except Exception:  # noqa: BLE001 - read_adapter reports a damaged file with its reason
+        return None
+
+
 def check_base(adapter_dir, identity):
     """Warn (BaseMismatchWarning) when the base `identity` (models.identity.base_identity) is
     not the one the adapter at `adapter_dir` recorded; an adapter without a record passes."""
-    w_path = Path(adapter_dir) / WEIGHTS
-    try:
-        with safe_open(str(w_path), framework="numpy") as f:
-            recorded = recorded_identity(f.metadata())
-    except Exception:  # noqa: BLE001 - read_adapter reports a damaged file with its reason
-        return
-    why = base_mismatch(recorded, identity)
+    why = base_mismatch(recorded_base(adapter_dir), identity)
     if why:
         warnings.warn(f"{adapter_dir}: the adapter {why}", BaseMismatchWarning, stacklevel=3)
 

@@ -11,13 +11,14 @@ usage: python bench/mpi_vs_threads.py [--config configs/smollm2-demo.yaml] [--st
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from hostinfo import cpu_name  # bench/hostinfo.py
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = 2  # first steps left out (compilation, page faults of the first batches)
@@ -30,17 +31,6 @@ def _run(cmd, out, env):
     steps = [r for r in recs if "tokens_per_s" in r][SKIP:]
     return (sum(r["tokens"] for r in steps) / sum(r["step_time_s"] for r in steps),
             statistics.mean(r["loss"] for r in steps))
-
-
-def _cpu_name():
-    """The CPU's model name (Linux), else the machine type."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def main(argv=None):
@@ -69,7 +59,7 @@ def main(argv=None):
                 env = dict(os.environ, PACKLORA_THREADS=str(threads))
                 cmd = [*launcher, "finetune", args.config, *over, f"output_dir={out}"]
                 got[name].append(_run(cmd, out, env))
-    result = {"cpu": _cpu_name(), "cores": cores,
+    result = {"cpu": cpu_name(), "cores": cores,
               "config": args.config, "steps": args.steps, "steps_left_out": SKIP}
     for name, runs in got.items():
         result[name] = {"tokens_per_s": [round(t, 1) for t, _ in runs],

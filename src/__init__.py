@@ -27,14 +27,16 @@ from .tensor import Tensor, full, ones, randn, uniform, zeros
 from .training import finetune, train
 
 
-def merge(model, adapter, out, dtype="float32", quantize=None):
+def merge(model, adapter, out, dtype="float32", quantize=None, base=None):
     """Merge a PEFT-format adapter into `model` (a name, folder or .gguf) and write, streaming
     tensor by tensor, a Hugging Face folder to `out` (float `dtype`, or packed in the `quantize`
     format) or, when `out` ends in .gguf, one GGUF file (`quantize`: the linear weights' type
-    or preset; default: as in a GGUF base)."""
+    or preset; default: as in a GGUF base). base: "float" or "quantized", what float base
+    weights take the adapter on (see `packlora merge --help`)."""
     if str(out).lower().endswith(".gguf"):
-        return merge_to_gguf(model, adapter, out, quantize_to=quantize)
-    return export_model(model, out, adapter=adapter, dtype=dtype, quantize=quantize)
+        return merge_to_gguf(model, adapter, out, quantize_to=quantize, base_mode=base)
+    return export_model(model, out, adapter=adapter, dtype=dtype, quantize=quantize,
+                        base_mode=base)
 
 
 __all__ = ["Device", "Tensor", "ops", "memory", "without_autodiff", "zeros", "ones", "full",

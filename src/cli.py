@@ -6,6 +6,7 @@ import traceback
 import warnings
 
 from .adapters import load_adapter
+from .adapters.deltas import BASES
 from .device import Device
 from .errors import PackloraError
 from .evaluate import exact_match
@@ -58,9 +59,10 @@ def _cmd_eval(a):
 
 def _cmd_merge(a):
     if a.out.lower().endswith(".gguf"):
-        out = merge_to_gguf(a.model, a.adapter, a.out, quantize_to=a.quantize)
+        out = merge_to_gguf(a.model, a.adapter, a.out, quantize_to=a.quantize, base_mode=a.base)
     else:
-        out = export_model(a.model, a.out, adapter=a.adapter, dtype=a.dtype, quantize=a.quantize)
+        out = export_model(a.model, a.out, adapter=a.adapter, dtype=a.dtype, quantize=a.quantize,
+                           base_mode=a.base)
     print(f"wrote {out}")
 
 
@@ -147,6 +149,13 @@ def build_parser():
                    help="HF folder: write packed weights in this format; .gguf: the linear "
                         f"weights' type ({', '.join(GGUF_TARGETS)}; default: each keeps its "
                         "type from a GGUF base, f16 from an HF base)")
+    p.add_argument("--base", default=None, choices=list(BASES),
+                   help="what a float base weight takes the adapter on: float = the original W "
+                        "(PEFT's merge, what the QLoRA authors recommend; the default), "
+                        "quantized = deq(Q(W)), the weights a QLoRA adapter was trained "
+                        "against, for an exact reproduction (the default for LoftQ adapters, "
+                        "which are fitted to W - deq(Q(W))). Quantized GGUF weights are "
+                        "already what the adapter was trained on")
     p.set_defaults(fn=_cmd_merge)
     p = add("export-gguf", "write a LoRA adapter as a llama.cpp adapter GGUF (--lora)")
     p.add_argument("adapter", help="a run's output folder or a PEFT-format adapter folder")

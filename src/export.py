@@ -12,10 +12,11 @@ from .fileio import atomic_path, write_json
 from .models.files import float32_to_bf16
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
-from .models.tensors import model_tensors
+from .models.tensors import PROJECTIONS, model_tensors
 from .quant import REGISTRY, save_packed
 from .quant import quantize as quantize_fn
 
+_PROJECTION_WEIGHTS = tuple(f".{p}.weight" for p in PROJECTIONS)
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
            "bfloat16": ("BF16", None)}
 
@@ -53,20 +54,23 @@ class StreamingSafetensors:
 
 
 def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
-                 block_size=None, double_quant=None):
+                 block_size=None, double_quant=None, base_mode=None):
     """Write `source` (+ merged adapter) to out_dir: config.json, tokenizer, and either
-    model.safetensors in `dtype` or, with `quantize` set, model.packed.safetensors."""
+    model.safetensors in `dtype` or, with `quantize` set, model.packed.safetensors.
+    base_mode: what float linear weights take the adapter on, "float" (W: PEFT's merge) or
+    "quantized" (deq(Q(W)), what the adapter was trained against; LoftQ's default)."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     src = open_source(resolve_source(source))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     delta = AdapterDeltas(adapter) if adapter else None
+    as_trained = delta is not None and delta.base_mode(base_mode) == "quantized"
     names = sorted(src.names())
     if quantize:
-        _write_packed(src, names, out, delta, quantize, block_size, double_quant)
+        _write_packed(src, names, out, delta, quantize, block_size, double_quant, as_trained)
     else:
-        _write_dense(src, names, out, delta, dtype)
+        _write_dense(src, names, out, delta, dtype, as_trained)
     if delta is not None:
         missing = sorted(set(delta.modules) - {n.removesuffix(".weight") for n in names})
         if missing or delta.other:
@@ -82,25 +86,27 @@ def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
     return out
 
 
-def _float_tensor(src, name, delta):
+def _float_tensor(src, name, delta, as_trained=False):
     value = src.get(name)
     w = value.dequantize() if hasattr(value, "dequantize") else np.asarray(value, np.float32)
+    if as_trained and not hasattr(value, "dequantize") and name.endswith(_PROJECTION_WEIGHTS):
+        w = delta.as_trained(w, name)  # the float weight as the training run held it
     path = name.removesuffix(".weight")
     if delta is not None and path in delta.modules:
         w = delta.merged_rows(path, w)
     return w
 
 
-def _write_dense(src, names, out, delta, dtype):
+def _write_dense(src, names, out, delta, dtype, as_trained):
     code = _DTYPES[dtype][0]
     shapes = {n: src.shape(n) for n in names}
     with atomic_path(out / "model.safetensors", ".safetensors") as tmp, open(tmp, "wb") as f:
         writer = StreamingSafetensors(f, [(n, code, shapes[n]) for n in names], {"format": "pt"})
         for n in names:
-            writer.write(n, _to_dtype(_float_tensor(src, n, delta), dtype))
+            writer.write(n, _to_dtype(_float_tensor(src, n, delta, as_trained), dtype))
 
 
-def _write_packed(src, names, out, delta, fmt, block_size, double_quant):
+def _write_packed(src, names, out, delta, fmt, block_size, double_quant, as_trained):
     if double_quant is None:
         double_quant = fmt in REGISTRY and REGISTRY[fmt].double_quant
     quant = {"format": fmt, "double_quant": double_quant,
@@ -109,7 +115,7 @@ def _write_packed(src, names, out, delta, fmt, block_size, double_quant):
               if t.category == "base_packed"}  # a format per tensor (presets pick them)
     tensors = {}
     for n in names:
-        w = _float_tensor(src, n, delta)
+        w = _float_tensor(src, n, delta, as_trained)
         if n in linear:
             t = linear[n]
             w = quantize_fn(w, t.format, block_size=t.block_size, double_quant=t.double_quant,

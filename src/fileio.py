@@ -5,6 +5,7 @@ import os
 import tempfile
 
 import numpy as np
+from safetensors import safe_open
 from safetensors.numpy import save_file
 
 
@@ -54,6 +55,19 @@ def write_text(path, text):
 
 def write_json(path, obj):
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def load_safetensors(path):
+    """{name: numpy array} of a safetensors file, each tensor copied out of a mapping of its
+    own: safetensors' load_file maps the whole file while it copies, so a process reading an
+    adapter briefly holds it twice (the file's pages and the arrays)."""
+    with safe_open(str(path), framework="numpy") as f:
+        keys = list(f.keys())  # noqa: SIM118 (safe_open has no __iter__)
+    out = {}
+    for key in keys:
+        with safe_open(str(path), framework="numpy") as f:
+            out[key] = f.get_tensor(key)
+    return out
 
 
 def save_safetensors(path, arrays, metadata=None):

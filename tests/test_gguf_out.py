@@ -24,8 +24,9 @@ from packlora.adapters.peft_io import BaseMismatchWarning
 from packlora.cli import main
 from packlora.errors import ModelError
 from packlora.gguf_out.stream import GGUFStream
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
+MERGES = [("h", "e"), ("l", "l"), ("1", "2"), ("he", "ll")]  # a tokenizer llama.cpp can load
 LORA = {"use_rslora": True, "alpha_pattern": {"o_proj": 3.0}, "rank_pattern": {"down_proj": 2}}
 
 
@@ -142,8 +143,7 @@ def test_merged_gguf_from_a_gguf_base(tmp_path, quantize_to):
 
 
 def test_merged_gguf_from_an_hf_base(tmp_path):
-    hf = mf.tiny_chat_model(tmp_path / "hf", merges=[("h", "e"), ("l", "l"), ("1", "2"),
-                                                     ("he", "ll")])
+    hf = mf.tiny_chat_model(tmp_path / "hf", merges=MERGES)
     model = _adapter(hf, tmp_path / "ad", **LORA)
     out = merge(hf, tmp_path / "ad", tmp_path / "m.gguf", quantize="f32")
     r, tensors = _read(out)
@@ -232,3 +232,52 @@ def test_existing_output_and_interrupted_export(tmp_path, monkeypatch, capsys):
     assert main(["merge", "--model", str(base), "--adapter", str(tmp_path / "ad"), "--out",
                  str(out), "--quantize", "q4_k_m"]) == 0
     assert gguf.GGUFReader(str(out)).fields["general.file_type"].contents() == 15
+
+
+@pytest.mark.parametrize("init", ["kaiming", "loftq"])
+def test_merging_into_the_base_the_adapter_was_trained_against(tmp_path, init):
+    """A QLoRA adapter trained on NF4(W): merged into W by default (PEFT's merge), into
+    deq(NF4(W)) with base="quantized" — then the merged model computes what the adapted packed
+    model computed. LoftQ adapters, fitted to W - deq(Q(W)), take the quantized base by
+    default."""
+    hf = mf.tiny_chat_model(tmp_path / "hf", merges=MERGES)
+    model = _adapter(hf, tmp_path / "ad", quant="nf4", init=init)
+    ids = np.array([model.tokenizer.encode("<|im_start|>user\n1+2<|im_end|>")])
+
+    def logits(m):
+        with without_autodiff():
+            return m(ids).numpy()
+    want = logits(model)
+    close = {"rtol": 1e-4, "atol": 1e-4 * np.abs(want).max()}
+    for base, out in (("quantized", "q.gguf"), ("quantized", "q"), (None, "d.gguf")):
+        path = merge(hf, tmp_path / "ad", tmp_path / out, quantize="f32" if out.endswith(
+            ".gguf") else None, base=base)
+        got = logits(load_model(path, quant="none"))
+        if base == "quantized" or init == "loftq":
+            np.testing.assert_allclose(got, want, **close)
+        else:  # W + s·B·A: the float base, not the one trained on
+            assert np.abs(got - want).max() > 10 * close["atol"]
+
+
+def test_the_quantized_base_needs_the_adapter_s_record(tmp_path):
+    hf = mf.tiny_chat_model(tmp_path / "hf")
+    _adapter(hf, tmp_path / "ad", quant="nf4")
+    meta = tmp_path / "ad" / "adapter_model.safetensors"
+    save_file(load_file(str(meta)), str(meta), metadata={"format": "pt"})  # as PEFT writes it
+    with pytest.raises(ModelError, match="does not record the quantization"):
+        merge(hf, tmp_path / "ad", tmp_path / "m.gguf", base="quantized")
+    with pytest.raises(ModelError, match="--base must be one of"):
+        merge(hf, tmp_path / "ad", tmp_path / "m.gguf", base="nf4")
+
+
+def test_a_write_that_fails_before_its_first_tensor_leaves_nothing(tmp_path):
+    bad = [("general.tags", [], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)]
+    with pytest.raises(ValueError, match="Empty array"):
+        with GGUFStream(tmp_path / "x.gguf", "llama", bad, []):
+            pass
+    assert os.listdir(tmp_path) == []
+    hf = mf.tiny_chat_model(tmp_path / "hf")  # a BPE without merges: llama.cpp cannot load it
+    _adapter(hf, tmp_path / "ad")
+    with pytest.raises(ModelError, match="no merges"):
+        merge(hf, tmp_path / "ad", tmp_path / "m.gguf")
+    assert not (tmp_path / "m.gguf").exists()

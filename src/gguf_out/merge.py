@@ -40,9 +40,10 @@ class Job:
     """How one output tensor is made: copied from a GGUF base (`copy`), or produced in float
     (merged and/or re-quantized) as `out_type`."""
 
-    def __init__(self, hf, gguf, shape, in_type, out_type, merge, copy):
+    def __init__(self, hf, gguf, shape, in_type, out_type, merge, copy, as_trained=False):
         self.hf, self.gguf, self.shape = hf, gguf, tuple(shape)
         self.in_type, self.out_type, self.merge, self.copy = in_type, out_type, merge, copy
+        self.as_trained = as_trained  # a float weight taken as deq(Q(W)), as training held it
 
 
 def _linear_place(hf, n_layers):
@@ -66,7 +67,7 @@ def out_type(quantize_to, place, k, stored):
     return REGISTRY[fmt].gguf_type
 
 
-def _plan_jobs(base, deltas, quantize_to):
+def _plan_jobs(base, deltas, quantize_to, mode):
     cfg = base.config
     jobs = []
     names = base.gguf.tensor_names() if base.gguf else sorted(
@@ -82,8 +83,9 @@ def _plan_jobs(base, deltas, quantize_to):
         new = out_type(quantize_to, place, shape[-1], in_type) if place else in_type
         if not base.gguf and not place:
             new = _hf_other_type(quantize_to, len(shape))
-        jobs.append(Job(hf, gguf, shape, in_type, new, merge,
-                        copy=base.gguf is not None and not merge and new == in_type))
+        as_trained = mode == "quantized" and place is not None and in_type in FLOAT_TYPES.values()
+        copy = base.gguf is not None and not merge and not as_trained and new == in_type
+        jobs.append(Job(hf, gguf, shape, in_type, new, merge, copy, as_trained))
     return jobs
 
 
@@ -123,23 +125,27 @@ def _check_jobs(jobs, deltas):
                              f"{', '.join(TARGETS)})")
 
 
-def merge_to_gguf(model, adapter, out, quantize_to=None):
+def merge_to_gguf(model, adapter, out, quantize_to=None, base_mode=None):
     """Write base `model` (name, HF folder or .gguf) with the PEFT adapter `adapter` merged in
     as a GGUF file at `out`; `quantize_to`: a type or preset for the linear weights (default:
-    each keeps its type from a GGUF base; F16 for an HF base). Returns the output path."""
+    each keeps its type from a GGUF base; F16 for an HF base). base_mode: what float linear
+    weights are merged into, "float" (W) or "quantized" (deq(Q(W)) as training held them; the
+    default for LoftQ adapters); stored-quantized weights are their own trained base. Returns
+    the output path."""
     if quantize_to is not None and quantize_to not in TARGETS:
         raise ModelError(f"--quantize for a GGUF output must be one of {', '.join(TARGETS)}, "
                          f"got {quantize_to!r}")
     out = check_new_output(out)
     base = BaseLayout.open(model)
     deltas = AdapterDeltas(adapter)
+    mode = deltas.base_mode(base_mode)
     if deltas.other:
         raise ModelError(f"{adapter}: tensors other than LoRA/DoRA weights ({deltas.other[0]!r})"
                          " are not merged; the adapter is not one packlora wrote")
     check_base(adapter, base_identity(model, base.path, None))
     if base.gguf is None and quantize_to is None:
         quantize_to = "f16"
-    jobs = _plan_jobs(base, deltas, quantize_to)
+    jobs = _plan_jobs(base, deltas, quantize_to, mode)
     _check_jobs(jobs, deltas)
     kv = gguf_base_kv(base.gguf) if base.gguf else hf_base_kv(base, model)
     kv = file_type_kv(kv, quantize_to) if quantize_to is not None else kv
@@ -205,13 +211,25 @@ def _on_own_grid(job):
     return job.merge and job.out_type == job.in_type and fmt is not None and fmt.quantizable
 
 
+def _whole_in_gguf_order(base, deltas, job, reader):
+    """A tensor read whole (an HF base's, or one merged into deq(Q(W))) in the GGUF's row order;
+    deq(Q(W)) is taken in HF row order, as training quantized it."""
+    order = base.gguf_rows(job.hf, job.shape[0])
+    if base.gguf is None:
+        whole = np.asarray(base.source.get(job.hf), np.float32)
+    else:
+        whole = _decode(job.in_type, job.shape, reader.raw_rows(job, 0, job.shape[0]))
+        whole = whole if order is None else whole[np.argsort(order)]
+    if job.as_trained:
+        whole = deltas.as_trained(whole, job.hf)
+    return whole if order is None else whole[order]
+
+
 def _merged_pieces(base, deltas, job, reader):
     """The output bytes of one float-path tensor, a block of rows at a time."""
     whole = None
-    if base.gguf is None:  # an HF tensor: read whole, put in GGUF row order
-        whole = np.asarray(base.source.get(job.hf), np.float32)
-        order = base.gguf_rows(job.hf, job.shape[0])
-        whole = whole if order is None else whole[order]
+    if base.gguf is None or job.as_trained:
+        whole = _whole_in_gguf_order(base, deltas, job, reader)
         if whole.ndim == 1:
             yield _encode(job.out_type, whole)
             return

@@ -88,6 +88,9 @@ def tokenizer_kv(tok, cfg):
                          "from tokenizer.json; a SentencePiece model needs its GGUF base")
     tokens, types = _vocabulary(model, data.get("added_tokens") or [], cfg.vocab_size)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    if not merges:
+        raise ModelError(f"{tok.source}: the BPE tokenizer has no merges; llama.cpp's gpt2 "
+                         "tokenizer needs them")
     fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens,
               "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges}
     pre = detect_pre(tok, {**fields, "tokenizer.ggml.eos_token_id": tok.eos_token_id})

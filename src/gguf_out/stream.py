@@ -60,8 +60,17 @@ class GGUFStream:
         self.alignment = 32
 
     def __enter__(self):
+        try:
+            self._open()
+        except BaseException as e:  # no __exit__ after a failed __enter__: unwind here
+            self._stack.__exit__(type(e), e, e.__traceback__)
+            raise
+        return self
+
+    def _open(self):
         tmp = self._stack.enter_context(atomic_path(self.path, ".gguf"))
         writer = GGUFWriter(tmp, self.arch)
+        self._stack.callback(writer.close)
         for key, value, vtype, sub in self.kv:
             if key == ALIGNMENT_KEY:
                 writer.data_alignment = self.alignment = int(value)
@@ -72,8 +81,6 @@ class GGUFStream:
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         self._fout = writer.fout[0]
-        self._stack.callback(writer.close)
-        return self
 
     def write(self, name, data):
         """Append bytes of tensor `name` (the current one, or the next in the plan)."""

@@ -1,12 +1,13 @@
 """What `packlora merge --adapter RUN --out model.gguf` holds at its peak, from the plan's
 inputs: users run out of memory in merges more than anywhere else.
 
-The merge streams (gguf_out/merge.py): the adapter's tensors stay in memory, each changed
-weight passes a bounded chunk of rows at a time through decode, merge and re-quantization,
-untouched tensors are copied in fixed pieces. Reading a GGUF base with pread keeps its pages
-out of the process; a Hugging Face base's tensor is read whole (and, for Q/K in llama's
-layout, copied once into the GGUF's row order). `process` is what the Python process itself
-holds — interpreter, numpy, packlora — measured in this process now."""
+The merge streams (gguf_out/merge.py). Throughout, the process holds itself (interpreter,
+numpy, packlora: measured in this process now) and the adapter's tensors (read one tensor at a
+time, fileio.load_safetensors, so the file is never mapped in whole beside them). Each changed
+weight passes a bounded chunk of rows at a time through decode, merge and re-quantization, and
+untouched tensors are copied in fixed pieces. Reading a GGUF base with pread keeps its pages out
+of the process; a Hugging Face base's tensor is read whole (and, for Q/K in llama's layout,
+copied once into the GGUF's row order)."""
 import math
 
 from ..gguf_out.merge import CHUNK_ELEMS, COPY_STEP, WORKSET_BYTES_PER_VALUE

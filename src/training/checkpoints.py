@@ -13,12 +13,11 @@ import re
 import shutil
 from pathlib import Path
 
-from safetensors.numpy import load_file
 
 from ..adapters import load_adapter, save_adapter
 from ..adapters.peft_io import CONFIG, WEIGHTS
 from ..errors import TrainingError
-from ..fileio import _fsync_dir, save_safetensors, write_json
+from ..fileio import _fsync_dir, load_safetensors, save_safetensors, write_json
 
 STATE, OPTIM, MANIFEST = "trainer_state.json", "optimizer.safetensors", "manifest.json"
 FILES = (WEIGHTS, CONFIG, OPTIM, STATE)
@@ -145,7 +144,7 @@ def load_checkpoint(path, model, optimizer):
     verify_checkpoint(path)
     try:
         load_adapter(model, path)
-        arrays = load_file(str(path / OPTIM))
+        arrays = load_safetensors(path / OPTIM)
         state = json.loads((path / STATE).read_text(encoding="utf-8"))
     except Exception as e:  # a damaged file names itself
         raise TrainingError(f"{path}: cannot read checkpoint ({e})") from None
