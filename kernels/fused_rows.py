@@ -68,15 +68,19 @@ def swiglu_bwd(xp, g, gate, up, want_gate, want_up):
 
 # -- RoPE -------------------------------------------------------------------------------------
 def rope_rotate(xp, x, c, s, sign):
-    """x (B, T, H, D) with the pairs (i, i + D/2) rotated by the angles of c, s (T, D/2);
-    sign -1 rotates back (the backward)."""
+    """x (B, T, H, D) with the pairs (i, i + D/2) rotated by the angles of c, s: (T, D/2) for
+    every row, or (B, T, D/2) per row (packed rows restart their positions); sign -1 rotates
+    back (the backward)."""
     if takes(xp, x, c, s):
         x = np.ascontiguousarray(x)
         out = np.empty_like(x)
-        cpu_ew.rope_apply(x, c, s, out, sign)
+        half = c.shape[-1]
+        cpu_ew.rope_apply(x, c.reshape(-1, half), s.reshape(-1, half), out, sign)
         return out
     half = x.shape[-1] // 2
-    cb, sb = c[None, :, None, :], sign * s[None, :, None, :]  # (1, T, 1, D/2)
+    if c.ndim == 2:
+        c, s = c[None], s[None]
+    cb, sb = c[:, :, None, :], sign * s[:, :, None, :]  # (1 or B, T, 1, D/2)
     x1, x2 = x[..., :half], x[..., half:]
     out = xp.empty_like(x)
     out[..., :half] = x1 * cb - x2 * sb

@@ -11,7 +11,7 @@ import pytest
 from packlora import Device, Tensor
 from packlora.adapters import apply_lora
 from packlora.config import TrainConfig
-from packlora.data import Example
+from packlora.data import Example, pack_examples
 from packlora.errors import ConfigError, DataError, TrainingError
 from packlora.models import LlamaForCausalLM, load_model
 from packlora.training.checkpoints import list_checkpoints, load_checkpoint
@@ -173,6 +173,24 @@ def test_grad_accumulation_equals_bigger_batch(setup):
         assert ra["tokens"] == rb["tokens"] == 40
     for (n, p), (_, q) in zip(acc.model.trainable(), big.model.trainable()):
         np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-3, atol=1e-5, err_msg=n)
+
+
+def test_packed_rows_train_as_the_examples_would_alone(setup):
+    """data.packing: examples sharing a row attend only within themselves and restart their
+    positions, so a batch holding them packed has the loss and the update of the same
+    examples unpacked (padded rows)."""
+    rng = np.random.default_rng(3)
+    ex = [Example(rng.integers(5, 200, n).astype(np.int32), rng.integers(5, 200, n))
+          for n in (5, 9, 3, 12, 7, 4)]
+    packed = pack_examples(ex, 16)
+    assert len(packed) < len(ex) and all(p.segment_ids is not None for p in packed)
+    plain = _trainer(setup["model"], ex, batch_size=len(ex), max_steps=3)
+    pack = _trainer(setup["model"], packed, batch_size=len(packed), max_steps=3)
+    for ra, rb in zip(plain.run(), pack.run()):
+        assert ra["target_tokens"] == rb["target_tokens"] == 40
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
+    for (n, p), (_, q) in zip(plain.model.trainable(), pack.model.trainable()):
+        np.testing.assert_allclose(q.numpy(), p.numpy(), rtol=1e-4, atol=1e-6, err_msg=n)
 
 
 def test_max_grad_norm_clips_the_update(setup):

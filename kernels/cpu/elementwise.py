@@ -89,10 +89,11 @@ def _rope_position(x, cos, sin, out, sign, bt):
     half = d // 2
     bi = bt // t
     ti = bt % t
+    row = bt % cos.shape[0]  # tables of (T, D/2) shared by the rows, or (B*T, D/2) per row
     for hi in range(h):
         for j in range(half):
-            c = cos[ti, j]
-            s = sin[ti, j] * sign
+            c = cos[row, j]
+            s = sin[row, j] * sign
             x1 = x[bi, ti, hi, j]
             x2 = x[bi, ti, hi, j + half]
             out[bi, ti, hi, j] = x1 * c - x2 * s
@@ -101,8 +102,8 @@ def _rope_position(x, cos, sin, out, sign, bt):
 
 @njit(parallel=True, fastmath=True, cache=True)
 def rope_apply(x, cos, sin, out, sign):
-    """Rotate-half RoPE over x (B, T, H, D) with cos/sin (T, D/2); sign=-1 applies the inverse
-    rotation (the backward pass)."""
+    """Rotate-half RoPE over x (B, T, H, D) with cos/sin (T, D/2), or (B*T, D/2) when each row
+    has positions of its own (packed rows); sign=-1 applies the inverse rotation (backward)."""
     positions = x.shape[0] * x.shape[1]
     if x.size < SERIAL_MAX:
         for bt in range(positions):

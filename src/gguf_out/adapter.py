@@ -41,9 +41,9 @@ def _refuse_unrepresentable(deltas, adapter):
                          "adapter form; merge it instead: packlora merge --model M --adapter "
                          f"{adapter} --out model.gguf")
     if deltas.other:
-        raise ModelError(f"{adapter}: fully trained tensors such as {deltas.other[0]!r} have "
-                         "no llama.cpp adapter form; merge instead: packlora merge ... "
-                         "--out model.gguf")
+        raise ModelError(f"{adapter}: {deltas.other[0]!r} is not a LoRA weight of a linear "
+                         "layer (a trained embedding or head, or an embedding LoRA), which "
+                         "packlora does not export; merge the adapter instead")
     if not deltas.modules:
         raise ModelError(f"{adapter}: the adapter holds no lora_A / lora_B tensors")
 

@@ -19,7 +19,7 @@ class Attention(Module):
         self.q_norm, self.k_norm = q_norm, k_norm
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
-    def forward(self, x, cos, sin, cache=None):
+    def forward(self, x, cos, sin, cache=None, segments=None):
         b, t, _ = x.shape
         q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)  # (B, T, H, D)
         k = self.k_proj(x).reshape(b, t, self.n_kv, self.head_dim)  # (B, T, Hkv, D)
@@ -31,7 +31,7 @@ class Attention(Module):
         if cache is not None:
             k, v = cache.append(k, v)
             key_valid = cache.key_valid(k.shape[1])
-        out = ops.attention(q, k, v, key_valid=key_valid)  # (B, T, H, D)
+        out = ops.attention(q, k, v, key_valid=key_valid, segments=segments)  # (B, T, H, D)
         return self.o_proj(out.reshape(b, t, self.n_heads * self.head_dim))
 
 
@@ -50,8 +50,8 @@ class DecoderLayer(Module):
         self.post_attention_layernorm = post_attention_layernorm
         self.mlp = mlp
 
-    def forward(self, h, cos, sin, cache=None):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache)
+    def forward(self, h, cos, sin, cache=None, segments=None):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, segments)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -76,9 +76,12 @@ class LlamaForCausalLM(Module):
         self._inv_freq = rope_frequencies(cfg)  # (D/2,) float64
 
     # -- pieces ------------------------------------------------------------------------------
-    def rope_tables(self, start, t):
-        pos = np.arange(start, start + t, dtype=np.float64)
-        ang = pos[:, None] * self._inv_freq[None, :]  # (T, D/2)
+    def rope_tables(self, start, t, positions=None):
+        """cos, sin (T, D/2) of positions start..start+T-1, or (B, T, D/2) of `positions`
+        (B, T) when each row has its own (packed rows)."""
+        pos = np.arange(start, start + t, dtype=np.float64) if positions is None else \
+            np.asarray(positions, dtype=np.float64)
+        ang = pos[..., None] * self._inv_freq  # (T, D/2) or (B, T, D/2)
         xp = self.device.xp
         return (xp.asarray(np.cos(ang), dtype=np.float32),
                 xp.asarray(np.sin(ang), dtype=np.float32))
@@ -90,21 +93,25 @@ class LlamaForCausalLM(Module):
             return self.model.embed_tokens.weight
         return self.lm_head.weight
 
-    def hidden_states(self, input_ids, cache=None):
-        """Final-norm hidden states (B, T, D) for integer ids (B, T)."""
+    def hidden_states(self, input_ids, cache=None, segments=None):
+        """Final-norm hidden states (B, T, D) for integer ids (B, T). segments (B, T) int, for
+        packed rows: each example attends only to itself and its positions restart at 0."""
         ids = np.asarray(input_ids) if not hasattr(input_ids, "shape") else input_ids
         if isinstance(ids, Tensor):
             ids = ids.data
         b, t = ids.shape
         start = cache.length if cache is not None else 0
-        cos, sin = self.rope_tables(start, t)
+        if segments is not None:
+            segments = self.device.xp.asarray(segments)
+        cos, sin = self.rope_tables(start, t, None if segments is None else
+                                    segment_positions(segments))
         h = self.model.embed_tokens(ids, self.device)
         for i, layer in enumerate(self.model.layers):
             layer_cache = cache.layer(i) if cache is not None else None
             if self.grad_checkpointing and cache is None:
-                h = checkpoint(layer, h, cos, sin)
+                h = checkpoint(layer, h, cos, sin, None, segments)
             else:
-                h = layer(h, cos, sin, layer_cache)
+                h = layer(h, cos, sin, layer_cache, segments)
         if cache is not None:
             cache.advance(t)
         return self.model.norm(h)
@@ -134,13 +141,13 @@ class LlamaForCausalLM(Module):
         ids = input_ids.data if isinstance(input_ids, Tensor) else xp.asarray(input_ids)
         return self.target_loss(ids[:, :-1], lab[:, 1:], ignore_index, chunk)
 
-    def target_loss(self, input_ids, targets, ignore_index=-100, chunk=256):
+    def target_loss(self, input_ids, targets, ignore_index=-100, chunk=256, segments=None):
         """Mean cross-entropy where targets[b, t] is the token that should follow position t
         (already shifted, as the data pipeline makes them). The LM head runs fused with the
-        loss in row chunks, so the full logits never exist."""
+        loss in row chunks, so the full logits never exist. segments: see hidden_states."""
         xp = self.device.xp
         tgt = targets.data if isinstance(targets, Tensor) else xp.asarray(targets)
-        h = self.hidden_states(input_ids)
+        h = self.hidden_states(input_ids, segments=segments)
         b, t, d = h.shape
         return head_cross_entropy(h.reshape(b * t, d), self.head_weight, tgt.reshape(-1),
                                   ignore_index, chunk)
@@ -159,6 +166,17 @@ class LlamaForCausalLM(Module):
                 elif hasattr(value, "dequantize") and hasattr(value, "shape"):
                     total += int(np.prod(value.shape))
         return total
+
+
+def segment_positions(segments):
+    """(B, T) positions that restart at 0 where each packed example (a run of equal segment
+    ids) begins, as a host array."""
+    seg = np.asarray(segments.get() if hasattr(segments, "get") else segments)
+    b, t = seg.shape
+    index = np.broadcast_to(np.arange(t), (b, t))
+    begins = np.ones((b, t), dtype=bool)
+    begins[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    return index - np.maximum.accumulate(np.where(begins, index, 0), axis=1)
 
 
 class KVCache:

@@ -139,10 +139,11 @@ def rope(x, cos, sin):
     return Rope.apply(x, cos, sin)
 
 
-def attention(q, k, v, scale=None, key_valid=None):
+def attention(q, k, v, scale=None, key_valid=None, segments=None):
     """Causal attention; q (B, T, H, D), k/v (B, S, Hkv, D) with H a multiple of Hkv.
-    key_valid (B, S) bool, optional, masks padding keys (left-padded batches)."""
-    return Attention.apply(q, k, v, scale=scale, key_valid=key_valid)
+    key_valid (B, S) bool, optional, masks padding keys (left-padded batches); segments (B, S)
+    int, optional, numbers the examples packed in each row (block-diagonal attention)."""
+    return Attention.apply(q, k, v, scale=scale, key_valid=key_valid, segments=segments)
 
 
 def cross_entropy(logits, targets, ignore_index=-100, chunk=256):

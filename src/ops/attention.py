@@ -44,21 +44,27 @@ def query_blocks(t, s, groups):
     return out
 
 
-def blocked_mask(xp, t, s, groups, key_valid=None):
+def blocked_mask(xp, t, s, groups, key_valid=None, segments=None):
     """True where a score is masked: (T*G, S), or (B, 1, T*G, S) with key_valid (B, S) marking
-    real (not padding) keys. A padding query still sees itself, so no row is empty."""
+    real (not padding) keys, or with segments (B, S) numbering the examples packed in a row
+    (a query sees only keys of its own example). A padding query still sees itself, so no row
+    is empty."""
     rows = xp.repeat(xp.arange(t), groups)[:, None] + (s - t)  # (T*G, 1) query positions
     cols = xp.arange(s)[None, :]
     blocked = cols > rows
+    if segments is not None:  # block-diagonal: (B, 1, T*G, S)
+        q_seg = xp.repeat(segments[:, s - t:], groups, axis=1)[:, None, :, None]
+        blocked = blocked | (q_seg != segments[:, None, None, :])
     if key_valid is None:
         return blocked
     return blocked | (~key_valid[:, None, None, :] & (cols != rows))
 
 
 class Attention(Function):
-    """q: (B, T, H, D); k, v: (B, S, Hkv, D), S >= T (a KV cache makes S > T) -> (B, T, H, D)."""
+    """q: (B, T, H, D); k, v: (B, S, Hkv, D), S >= T (a KV cache makes S > T) -> (B, T, H, D).
+    segments (B, S) int, optional: packed rows, attention stays within each example."""
 
-    def forward(self, q, k, v, scale=None, key_valid=None):
+    def forward(self, q, k, v, scale=None, key_valid=None, segments=None):
         xp = self.xp
         b, t, h, d = q.shape
         s, n_kv = k.shape[1], k.shape[2]
@@ -67,7 +73,7 @@ class Attention(Function):
         kc = xp.ascontiguousarray(k.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
         vv = xp.ascontiguousarray(v.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
         kt = _contig_t(xp, kc)  # (B, Hkv, D, S)
-        blocked = blocked_mask(xp, t, s, h // n_kv, key_valid)
+        blocked = blocked_mask(xp, t, s, h // n_kv, key_valid, segments)
         og = xp.empty_like(qg)
         lse = xp.empty(qg.shape[:3] + (1,), dtype=qg.dtype)  # (B, Hkv, T*G, 1)
         for r0, r1, e in query_blocks(t, s, h // n_kv):
@@ -98,7 +104,7 @@ class Attention(Function):
         dq = _ungroup(dqg, self.t) if self.needs[0] else None
         dk = dkc.transpose(0, 2, 1, 3) if self.needs[1] else None  # (B, S, Hkv, D)
         dv = dvv.transpose(0, 2, 1, 3) if self.needs[2] else None
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
     def _backward_rows(self, qg, kc, vv, og, lse, blocked, dog, dqg, dkc, dvv):
         """Gradients of one slice of batch rows, a query block at a time (the last block sees

@@ -4,7 +4,8 @@ from ..autodiff import Function
 
 
 class Rope(Function):
-    """x: (B, T, H, D); cos, sin: (T, D/2). Rotates the pairs (x[..., i], x[..., i + D/2])."""
+    """x: (B, T, H, D); cos, sin: (T, D/2), or (B, T, D/2) for positions of each row's own.
+    Rotates the pairs (x[..., i], x[..., i + D/2])."""
 
     def forward(self, x, cos, sin):
         c = cos.astype(x.dtype, copy=False)

@@ -57,7 +57,10 @@ class Trainer:
             with self.device.memory.category("workspace"):
                 self.flat = self.device.memory.track(self.device.xp.empty(
                     sum(p.data.size for _, p in params), np.float32))
-        self.batches = Batches(train_examples, cfg.batch_size, seed=cfg.seed, pad_id=pad_id)
+        # packed rows (data.packing) carry segment ids: attention and positions stay per example
+        self.packed = any(ex.segment_ids is not None for ex in train_examples)
+        self.batches = Batches(train_examples, cfg.batch_size, seed=cfg.seed, pad_id=pad_id,
+                               segments=self.packed)
         steps_per_epoch = max(1, math.ceil(len(self.batches) / cfg.grad_accum))
         self.total = cfg.total_steps(steps_per_epoch)
         self.schedule = Schedule(cfg.schedule, cfg.lr, self.total, cfg.warmup(self.total))
@@ -127,16 +130,16 @@ class Trainer:
         cfg, xp, mem, world = self.cfg, self.device.xp, self.device.memory, self.world
         window = [next(self.batches) for _ in range(cfg.grad_accum)]
         if world.size > 1:  # this rank's rows of each global batch
-            window = [(ids[world.shard(len(ids))], lab[world.shard(len(ids))])
-                      for ids, lab in window]
-        counts = [int((labels != -100).sum()) for _, labels in window]
-        targets, tokens = world.sum_scalars(sum(counts), sum(int(ids.size) for ids, _ in window))
+            window = [tuple(a[world.shard(len(a))] for a in batch) for batch in window]
+        counts = [int((batch[1] != -100).sum()) for batch in window]
+        targets, tokens = world.sum_scalars(sum(counts), sum(int(b[0].size) for b in window))
         loss_sum = 0.0
-        for (ids, labels), n in zip(window, counts):
+        for (ids, labels, *segments), n in zip(window, counts):
             if n == 0:
                 continue  # no targets: nothing to learn from these rows
             with mem.category("activations"):
-                loss = self.model.target_loss(ids, labels, chunk=cfg.loss_chunk)
+                loss = self.model.target_loss(ids, labels, chunk=cfg.loss_chunk,
+                                              segments=segments[0] if segments else None)
                 value = loss.item()
                 if not math.isfinite(value):
                     raise TrainingError(self._bad_loss_message(value))
