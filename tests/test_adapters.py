@@ -166,6 +166,35 @@ def test_dropout_forward_mask_and_gradients():
     check(fn, [Tensor(x64, DEV).require_grad(), a, b])
 
 
+def test_dora_with_dropout_is_peft_s_form():
+    """PEFT: W x + (f - 1) W drop(x) + f s B A drop(x), f = m / ||W + s B A|| (held constant);
+    the shortcut f (W x + s B A drop(x)) is only right without dropout."""
+    w = Tensor(_rand((N, 8), 0, 0.3, np.float64), DEV)
+    a, b = _leaf((R, 8), 2, 0.5), _leaf((N, R), 3, 0.5)
+    mag = Tensor(np.abs(_rand((N,), 7, 1.0, np.float64)) + 0.5, DEV).require_grad()
+    bias = _leaf((N,), 8, 0.5)
+    x64 = _rand((6, 8), 1, 1.0, np.float64)
+    p, s = 0.4, 1.3
+    norm = np.linalg.norm(w.data + s * b.data @ a.data, axis=1)
+
+    def fn(x_, a_, b_, m_, bias_):
+        DEV.seed(99)  # the same mask on every call
+        return LoraMatmul.apply(x_, a_, b_, m_, bias_, weight=w, scale=s, dropout=p, norm=norm)
+
+    with without_autodiff():
+        y = fn(Tensor(x64, DEV), a, b, mag, bias).numpy()
+    DEV.seed(99)
+    xd = x64 * (DEV.rng.random((6, 8), dtype=np.float32) >= p) * np.float32(1 / (1 - p))
+    f = mag.data / norm
+    wx, wxd = x64 @ w.data.T, xd @ w.data.T
+    lora = s * (xd @ a.data.T) @ b.data.T  # (6, N)
+    want = wx + (f - 1) * wxd + f * lora + bias.data
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)  # the op's scalars are float32
+    shortcut = f * (wx + lora) + bias.data
+    assert np.abs(y - shortcut).max() > 1e-2
+    check(fn, [Tensor(x64, DEV).require_grad(), a, b, mag, bias])
+
+
 def test_dropout_off_in_eval_mode():
     base = Linear(Tensor(_rand((N, K), 0, 0.1), DEV))
     layer = LoraLinear(base, R, 8.0, dropout=0.5)

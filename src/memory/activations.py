@@ -85,7 +85,7 @@ class BlockModel:
                 saves = [g.new(M * k * F32), g.new(M * k)]  # dropped x, keep-mask (bool)
             saves.append(g.new(M * ad.rank * F32))  # x @ A.T
             if ad.dora:
-                saves.append(g.new(M * n * F32, tracked=False))  # `pre`, kept on the op
+                saves.append(g.new(M * n * F32))  # `pre` (W x' + s B A x'), tracked on the op
             return g.op([x], g.new(M * n * F32), saves, record=True)
         y = g.op([x], g.new(M * n * F32))
         if not inp.linears[path].packed and f"{path}.bias" in inp.others:
@@ -102,7 +102,8 @@ class BlockModel:
         vv = g.new(M * hkv * hd * F32) if copy_kv else v.buf
         og = g.new(M * h * hd * F32)
         lse = g.new(B * h * T * F32)
-        mask = g.new((h // hkv) * T * T)  # bool (G*T, S)
+        # bool (G*T, S); per row (B, 1, G*T, S) when packed rows mask other examples' keys
+        mask = g.new((B if self.inp.packed else 1) * (h // hkv) * T * T)
         out = g.op([q, k, v], og, [qg, kc, vv, og, lse, mask])  # a (B, T, H, D) view of og
         # the block's reshape to (B, T, H*D) copies that strided view
         return g.op([out], g.new(M * h * hd * F32)) if copy_q else out

@@ -30,6 +30,7 @@ class PlanInputs:
     grad_checkpointing: bool
     loss_chunk: int
     grad_accum: int = 1
+    packed: bool = False  # data.packing: the attention mask is per row
     device: str = "cpu"
     scratch_cap: int = DEFAULT_SCRATCH_CAP
     ranks: int = 1  # data-parallel ranks: `batch` is then this rank's share of the global batch
@@ -124,7 +125,8 @@ def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
         grad_checkpointing=bool(tr.grad_checkpointing if grad_checkpointing is None
                                 else grad_checkpointing),
         loss_chunk=int(tr.loss_chunk), grad_accum=int(tr.grad_accum),
-        device=run.device.split(":")[0], scratch_cap=int(scratch_cap or run.scratch_mib << 20))
+        packed=bool(run.data.packing), device=run.device.split(":")[0],
+        scratch_cap=int(scratch_cap or run.scratch_mib << 20))
     inputs.run = {"model": path, "device": run.device, "quant": quant_spec(run.quant),
                   "lora": {"rank": run.lora.rank, "targets": run.lora.targets,
                            "dropout": run.lora.dropout, "use_dora": run.lora.use_dora},

@@ -1,8 +1,9 @@
 """The LoRA (and DoRA) product on a frozen linear layer, as one fused tape node.
 
 y = base(x) + s * (drop(x) @ A.T) @ B.T            (LoRA)
-y = m / ||W + s*B*A||_row * (W x + s * B A x)      (DoRA; the norm is held constant in backward,
-                                                    as the DoRA paper and PEFT do)
+y = W x + (f - 1) * W x' + f * s * B A x' + bias,  (DoRA, PEFT's form: f = m / ||W + s*B*A||_row,
+    x' = drop(x)                                    held constant in backward as the DoRA paper
+                                                    and PEFT do; without dropout f*(Wx + sBAx))
 The base weight is a PackedWeight (never expanded) or a frozen float Tensor.
 """
 import numpy as np
@@ -25,16 +26,19 @@ class LoraMatmul(Function):
             mask = (self.device.rng.random(x2.shape, dtype=np.float32) >= dropout)
             xd = x2 * mask * np.float32(1.0 / (1.0 - dropout))
         xa = xd @ a.T  # (M, r)
-        y = frozen_fwd(x2, weight, self.device)  # (M, N)
-        kernels.add_product(y, xa * np.float32(scale), b.T, self.device)
-        if mag is not None:
-            factor = mag / norm  # (N,)
-            if self.needs[3]:
-                # W x + s B A x, needed for the magnitude's gradient
-                self.pre = self.device.memory.track(y.copy())
-            y *= factor
+        factor = None
+        if mag is None:
+            y = frozen_fwd(x2, weight, self.device)  # (M, N)
+            kernels.add_product(y, xa * np.float32(scale), b.T, self.device)
         else:
-            factor = None
+            factor = mag / norm  # (N,)
+            pre = frozen_fwd(xd, weight, self.device)  # (M, N): W x'
+            # PEFT's form: the base sees x itself; W x - W x' vanishes without dropout
+            y = None if mask is None else frozen_fwd(x2, weight, self.device) - pre
+            kernels.add_product(pre, xa * np.float32(scale), b.T, self.device)  # + s B A x'
+            if self.needs[3]:  # needed for the magnitude's gradient
+                self.pre = self.device.memory.track(pre)
+            y = pre * factor if y is None else y + pre * factor
         if bias is not None:
             y += bias
         self.weight, self.scale, self.dropout, self.factor = weight, scale, dropout, factor
@@ -47,25 +51,35 @@ class LoraMatmul(Function):
         xd, xa, a, b, mask = self.saved
         xp, s = self.xp, self.scale
         g2 = xp.ascontiguousarray(g.reshape(-1, g.shape[-1]))  # (M, N)
-        dmag = None
+        dmag = gf = None
         if self.factor is not None:
             if self.needs[3]:
                 dmag = (g2 * self.pre).sum(axis=0) / self.norm  # (N,)
-            g2 = g2 * self.factor
-        gxa = g2 @ b  # (M, r)
+            gf = g2 * self.factor
+        gb = g2 if gf is None else gf  # what reaches the adapter (and, without dropout, W)
+        gxa = gb @ b  # (M, r)
         gxa *= np.float32(s)
-        db = (g2.T @ xa) * np.float32(s) if self.needs[2] else None  # (N, r)
+        db = (gb.T @ xa) * np.float32(s) if self.needs[2] else None  # (N, r)
         da = gxa.T @ xd if self.needs[1] else None  # (r, K)
         dx = None
         if self.needs[0]:
-            dx = frozen_bwd(g2, self.weight, self.device)  # (M, K)
-            if mask is None:
-                kernels.add_product(dx, gxa, a, self.device)
-            else:
-                dx += (gxa @ a) * mask * np.float32(1.0 / (1.0 - self.dropout))
+            dx = self._dx(g2, gb, gxa, a, mask)
             dx = dx.reshape(*g.shape[:-1], dx.shape[-1]).astype(self.in_dtype, copy=False)
         dbias = g.reshape(-1, g.shape[-1]).sum(axis=0) if self.needs[4] else None
         return dx, da, db, dmag, dbias
+
+    def _dx(self, g2, gb, gxa, a, mask):
+        """dx of W x + (f-1) W x' + f s B A x' (LoRA: f = 1), x' = mask * x / (1 - p)."""
+        if mask is None:
+            dx = frozen_bwd(gb, self.weight, self.device)  # (M, K)
+            kernels.add_product(dx, gxa, a, self.device)
+            return dx
+        dx = frozen_bwd(g2, self.weight, self.device)
+        through = gxa @ a  # (M, K)
+        if self.factor is not None:
+            through += frozen_bwd(gb - g2, self.weight, self.device)
+        dx += through * mask * np.float32(1.0 / (1.0 - self.dropout))
+        return dx
 
 
 def row_norms(weight, a, b, scale, device):
