@@ -9,6 +9,7 @@ from ..config import lora_scale
 from ..errors import ModelError
 from ..lora_targets import pattern_value
 from ..quant import quantize
+from .loftq import loftq_fit
 from .peft_io import lora_config_from_peft, read_adapter, recorded_base, strip_key
 
 MAGNITUDE = "lora_magnitude_vector"
@@ -65,9 +66,14 @@ class AdapterDeltas:
         return mode
 
     def as_trained(self, w, name):
-        """deq(Q(w)) in the format the adapter was trained with: a float weight (N, K) as the
-        training run held it."""
-        q = self.trained_quant
+        """A float weight (N, K) as the training run held it: deq(Q(w)) in the format the
+        adapter records, or — for a LoftQ adapter of more than one iteration — the base its
+        LoftQ iterations chose (replayed: the SVD is deterministic)."""
+        q, path = self.trained_quant, name.removesuffix(".weight")
+        iters = int((self.config.get("loftq_config") or {}).get("loftq_iter", 1))
+        if self.config.get("init_lora_weights") == "loftq" and iters > 1 and path in self.modules:
+            rank = self.modules[path][0].shape[0]
+            return loftq_fit(w, q, rank, self.scale(path), iters, name)[2].dequantize()
         return quantize(w, q["format"], block_size=q.get("block_size"),
                         double_quant=bool(q.get("double_quant")), name=name).dequantize()
 

@@ -54,7 +54,7 @@ def apply_lora(model, cfg):
         path = t.path
         layer = LoraLinear(model.get_module(path), t.rank, t.alpha, t.dropout, t.rslora, t.dora)
         if init == "loftq":
-            a, b = loftq_init(model, path, layer)
+            a, b = loftq_init(model, path, layer, cfg.loftq_iter)
         else:
             a, b = _init_adapter(layer, init, device)
         with mem.category("adapters"):

@@ -67,12 +67,12 @@ def adapter_config(model):
 
 def _loftq_fields(model):
     """PEFT refuses init_lora_weights "loftq" without a loftq_config: the bits of the base the
-    adapter was fitted to, and the one alternation packlora's LoftQ runs."""
+    adapter was fitted to, and how many alternations LoftQ ran."""
     if model.lora_config.init != "loftq":
         return {}
     fmt = (getattr(model, "quant", None) or {}).get("format")
     bits = REGISTRY[fmt].layout.code_bits if fmt in REGISTRY else 4
-    return {"loftq_config": {"loftq_bits": bits, "loftq_iter": 1}}
+    return {"loftq_config": {"loftq_bits": bits, "loftq_iter": model.lora_config.loftq_iter}}
 
 
 def _target_modules(model, paths, layers):

@@ -91,6 +91,7 @@ class LoraConfig(_Section):
     use_rslora: bool = False
     use_dora: bool = False
     init: Literal["kaiming", "gaussian", "loftq"] = "kaiming"
+    loftq_iter: Int = Field(1, ge=1)  # LoftQ's alternations of quantization and SVD
 
     @field_validator("targets", mode="before")
     @classmethod

@@ -85,4 +85,10 @@ def targets_for(modules, lora) -> list[Target]:
     if not found:
         raise ConfigError(f"lora.targets: {lora.targets!r} matched no linear module "
                           f"(available: {available})")
+    if lora.init == "loftq":  # the SVD of an (out, in) error has min(out, in) components
+        for t in found:
+            if t.rank > min(t.n_out, t.n_in):
+                raise ConfigError(f"lora.rank: {t.rank} for {t.path} is more than LoftQ can "
+                                  f"fit to a ({t.n_out}, {t.n_in}) weight (at most "
+                                  f"{min(t.n_out, t.n_in)})")
     return found

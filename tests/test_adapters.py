@@ -9,7 +9,9 @@ from gradcheck import DEV, check
 from packlora import Tensor, without_autodiff
 from packlora.adapters import LoraLinear, LoraMatmul, apply_lora, load_adapter, save_adapter
 from packlora.errors import ConfigError
+from packlora.memory import plan
 from packlora.models import load_model
+from packlora.models.sources import open_source
 from packlora.nn import Linear, PackedLinear
 from packlora.ops.lora import row_norms
 from packlora.quant import quantize
@@ -303,7 +305,6 @@ def test_loftq_reduces_quantization_error(hf_dir):
     r = 8
     m = apply_lora(_model(hf_dir), {"targets": ["q_proj", "down_proj"], "rank": r, "alpha": 16,
                                     "init": "loftq"})
-    from packlora.models.sources import open_source
     src = open_source(hf_dir)
     for path in m.lora_paths:
         layer = m.get_module(path)
@@ -313,6 +314,31 @@ def test_loftq_reduces_quantization_error(hf_dir):
         err1 = np.linalg.norm(w - deq - layer.delta_weight())
         assert err1 < 0.9 * err0, path
         assert layer.lora_B.numpy().any()
+
+
+def test_loftq_iterations_fit_better_and_change_the_base(hf_dir):
+    """More LoftQ alternations: a smaller ||W - (deq(Q) + s B A)||, with Q no longer Q(W)."""
+    src = open_source(hf_dir)
+    lora = {"targets": ["q_proj", "down_proj"], "rank": 4, "alpha": 8, "init": "loftq"}
+    one = apply_lora(_model(hf_dir), lora)
+    three = apply_lora(_model(hf_dir), {**lora, "loftq_iter": 3})
+    for path in one.lora_paths:
+        w = src.get(f"{path}.weight").astype(np.float64)
+        err = [np.linalg.norm(w - m.get_module(path).weight.dequantize()
+                              - m.get_module(path).delta_weight()) for m in (one, three)]
+        assert err[1] < err[0], path
+        base1, base3 = (m.get_module(path).weight.dequantize() for m in (one, three))
+        assert not np.array_equal(base1, base3)  # LoftQ picked another quantized base
+    assert three.get_module(path).weight.format == "nf4"
+
+
+def test_loftq_rank_beyond_the_weight_is_a_config_error(hf_dir):
+    with pytest.raises(ConfigError, match=r"lora.rank: 80 .*\(at most 64\)"):
+        apply_lora(_model(hf_dir), {"targets": ["q_proj"], "rank": 80, "init": "loftq"})
+    plan_cfg = {"model": str(hf_dir), "data": {"train": "x"}, "quant": {"format": "nf4"},
+                "lora": {"targets": ["q_proj"], "rank": 80, "init": "loftq"}}
+    with pytest.raises(ConfigError, match="lora.rank"):
+        plan(plan_cfg)
 
 
 def test_loftq_errors_on_gguf_and_float_bases(hf_dir, tmp_path):

@@ -234,14 +234,15 @@ def test_existing_output_and_interrupted_export(tmp_path, monkeypatch, capsys):
     assert gguf.GGUFReader(str(out)).fields["general.file_type"].contents() == 15
 
 
-@pytest.mark.parametrize("init", ["kaiming", "loftq"])
+@pytest.mark.parametrize("init", ["kaiming", "loftq", "loftq-3"])
 def test_merging_into_the_base_the_adapter_was_trained_against(tmp_path, init):
     """A QLoRA adapter trained on NF4(W): merged into W by default (PEFT's merge), into
     deq(NF4(W)) with base="quantized" — then the merged model computes what the adapted packed
     model computed. LoftQ adapters, fitted to W - deq(Q(W)), take the quantized base by
     default."""
     hf = mf.tiny_chat_model(tmp_path / "hf", merges=MERGES)
-    model = _adapter(hf, tmp_path / "ad", quant="nf4", init=init)
+    loftq = {"init": "loftq", "loftq_iter": int(init[-1])} if init.startswith("loftq-") else {}
+    model = _adapter(hf, tmp_path / "ad", quant="nf4", **({"init": init} | loftq))
     ids = np.array([model.tokenizer.encode("<|im_start|>user\n1+2<|im_end|>")])
 
     def logits(m):
@@ -253,7 +254,7 @@ def test_merging_into_the_base_the_adapter_was_trained_against(tmp_path, init):
         path = merge(hf, tmp_path / "ad", tmp_path / out, quantize="f32" if out.endswith(
             ".gguf") else None, base=base)
         got = logits(load_model(path, quant="none"))
-        if base == "quantized" or init == "loftq":
+        if base == "quantized" or init.startswith("loftq"):
             np.testing.assert_allclose(got, want, **close)
         else:  # W + s·B·A: the float base, not the one trained on
             assert np.abs(got - want).max() > 10 * close["atol"]

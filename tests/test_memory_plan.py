@@ -1,9 +1,11 @@
 """The memory plan: byte counts by hand on a tiny model, agreement with a measured step, the CLI."""
 import json
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
+from packlora.adapters.loftq import loftq_fit
 from packlora.memory import CATEGORIES
 from packlora.memory import plan as mem_plan
 from packlora.memory.planner import FUSED_MAX_M, FUSED_MAX_M_BWD, tile_plan
@@ -249,3 +251,25 @@ def test_cli_json_and_plot(tiny_run, tmp_path, capsys):
     assert png.stat().st_size > 1000
     assert main(["memory-report", str(cfg)]) == 0
     assert "price of dense expansion" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("iters", [1, 2])
+def test_loftq_init_plans_its_svd_workspace(iters):
+    """The plan's LoftQ phase: the largest layer's SVD workspace, against what loftq_fit holds
+    under tracemalloc for that layer (LAPACK's own work is outside tracemalloc: the plan is
+    above it, by at most that)."""
+    rep = _plan(["lora.init=loftq", f"lora.loftq_iter={iters}"])["plan"]
+    assert "loftq_init" not in _plan([])["plan"]
+    ws = rep["loftq_init"]["svd_workspace"]
+    n, k = SHAPES["gate"]
+    w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
+    tracemalloc.start()
+    loftq_fit(w.copy(), {"format": "nf4", "block_size": 64, "double_quant": True}, 4, 2.0,
+              iters)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    m = min(n, k)
+    assert peak <= ws <= peak + 4 * n * k + 8 * 4 * m * m  # + the source float, + gesdd's work
+    st = rep["categories"]
+    assert rep["loftq_init"]["peak_bytes"] == (st["base_packed"] + st["base_other"]
+                                               + st["adapters"] + ws)

@@ -129,7 +129,8 @@ def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
         scratch_cap=int(scratch_cap or run.scratch_mib << 20))
     inputs.run = {"model": path, "device": run.device, "quant": quant_spec(run.quant),
                   "lora": {"rank": run.lora.rank, "targets": run.lora.targets,
-                           "dropout": run.lora.dropout, "use_dora": run.lora.use_dora},
+                           "dropout": run.lora.dropout, "use_dora": run.lora.use_dora,
+                           "init": run.lora.init, "loftq_iter": run.lora.loftq_iter},
                   "batch_size": inputs.batch, "seq_len": inputs.seq, "ranks": ranks,
                   "grad_checkpointing": inputs.grad_checkpointing,
                   "loss_chunk": inputs.loss_chunk, "grad_accum": inputs.grad_accum}

@@ -1,4 +1,5 @@
 """The memory plan: bytes per category and the step's peak, from the config alone (no weights)."""
+from ..adapters.loftq import fit_workspace_bytes
 from ..kernels import (
     CPU_GEMM_ACCUMULATES,
     FUSED_MAX_M,
@@ -77,6 +78,16 @@ def static_categories(inp):
     return {"base_packed": base_packed, "base_other": base_other,
             "dense_scratch": dense_scratch(inp), "adapters": adapters,
             "optimizer": 2 * adapters, "workspace": allreduce_bytes(inp)}
+
+
+def loftq_init_plan(inp):
+    """LoftQ's initialisation, before training: the base and the adapters in place, plus one
+    layer's SVD of its quantization error at a time (the largest sets the peak)."""
+    iters = inp.run["lora"].get("loftq_iter", 1)
+    svd = max(fit_workspace_bytes(ad.n_out, ad.n_in, iters) for ad in inp.adapters.values())
+    st = static_categories(inp)
+    held = st["base_packed"] + st["base_other"] + st["adapters"]
+    return {"svd_workspace": svd, "peak_bytes": held + svd}
 
 
 def allreduce_bytes(inp):
@@ -194,6 +205,8 @@ def plan_from_inputs(inp):
     main["distributed"] = {"ranks": inp.ranks, "batch_per_rank": inp.batch,
                            "allreduce_bytes": allreduce_bytes(inp)}
     main["merge"] = merge_plan(inp)
+    if inp.run["lora"].get("init") == "loftq":
+        main["loftq_init"] = loftq_init_plan(inp)
     return {"run": inp.run, "plan": main, "dense_alternatives": dense_alternatives(inp, main)}
 
 

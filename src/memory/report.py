@@ -121,6 +121,11 @@ def print_report(rep, console=None):
     for table in (_category_table(rep), _activation_table(rep), _alternatives_table(rep),
                   _merge_table(rep)):
         console.print(table)
+    loftq = rep["plan"].get("loftq_init")
+    if loftq:
+        console.print(f"LoftQ initialisation (before training): {mib(loftq['peak_bytes'])} MiB "
+                      f"at its peak, of which {mib(loftq['svd_workspace'])} MiB is one layer's "
+                      "SVD workspace")
 
 
 def plot_report(rep, path):
