@@ -65,7 +65,8 @@ KINDS = ("gpt2", "llama")
 
 
 def gguf_backend(fields: dict, source: str):
-    """(tokenizers.Tokenizer, {bos_token, eos_token, pad_token, add_bos_token}) of GGUF
+    """(tokenizers.Tokenizer, {bos_token, eos_token, pad_token, add_bos_token, add_eos_token}) of
+    GGUF
     metadata `fields`; ModelError naming `source` when the kind or the vocabulary is missing."""
     kind = fields.get("tokenizer.ggml.model")
     if kind not in KINDS:
@@ -85,7 +86,8 @@ def gguf_backend(fields: dict, source: str):
     special = {"bos_token": text("tokenizer.ggml.bos_token_id"),
                "eos_token": text("tokenizer.ggml.eos_token_id"),
                "pad_token": text("tokenizer.ggml.padding_token_id"),
-               "add_bos_token": fields.get("tokenizer.ggml.add_bos_token", kind == "llama")}
+               "add_bos_token": fields.get("tokenizer.ggml.add_bos_token", kind == "llama"),
+               "add_eos_token": fields.get("tokenizer.ggml.add_eos_token", False)}
     return backend, special
 
 

@@ -27,10 +27,12 @@ class Tokenizer:
     """Text <-> token ids, special tokens, and the model's chat template."""
 
     def __init__(self, backend, *, bos_token=None, eos_token=None, pad_token=None,
-                 add_bos_token=False, chat_template=None, source="tokenizer"):
+                 add_bos_token=False, add_eos_token=False, chat_template=None,
+                 source="tokenizer"):
         self._tok = backend  # tokenizers.Tokenizer
         self.source = source
         self.add_bos_token = bool(add_bos_token)
+        self.add_eos_token = bool(add_eos_token)
         self.chat_template = chat_template
         self.has_chat_template = chat_template is not None
         self.bos_token_id = self._id_or_none(bos_token)
@@ -64,6 +66,7 @@ class Tokenizer:
             ids = backend.encode("a", add_special_tokens=True).ids
             add_bos = bos_id is not None and bool(ids) and ids[0] == bos_id
         return cls(backend, bos_token=bos, eos_token=eos, pad_token=pad, add_bos_token=add_bos,
+                   add_eos_token=bool(cfg.get("add_eos_token", False)),
                    chat_template=_template_text(cfg.get("chat_template"), path),
                    source=str(path))
 
@@ -83,7 +86,8 @@ class Tokenizer:
         cfg = {"bos_token": tok(self.bos_token_id) if self.bos_token_id is not None else None,
                "eos_token": tok(self.eos_token_id),
                "pad_token": tok(self.pad_token_id) if self.pad_token_id is not None else None,
-               "add_bos_token": self.add_bos_token, "chat_template": self.chat_template,
+               "add_bos_token": self.add_bos_token, "add_eos_token": self.add_eos_token,
+               "chat_template": self.chat_template,
                "tokenizer_class": "PreTrainedTokenizerFast"}
         write_json(folder / "tokenizer_config.json", cfg)
 
@@ -106,6 +110,8 @@ class Tokenizer:
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             ids = [self.bos_token_id] + ids
+        if add_special_tokens and self.add_eos_token:
+            ids = ids + [self.eos_token_id]
         return ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:

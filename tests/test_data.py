@@ -98,6 +98,26 @@ def test_text_and_completion_start_with_bos_when_the_tokenizer_adds_it(tmp_path)
     assert ex.labels.tolist() == [IGNORE_INDEX, ord("o"), ord("k"), EOS]
 
 
+class EosTokenizer(BosTokenizer):
+    """Ends a sequence with EOS itself when asked to (add_eos_token true)."""
+
+    add_eos_token = True
+
+    def encode(self, text, add_special_tokens=False):
+        return super().encode(text, add_special_tokens) + ([EOS] if add_special_tokens else [])
+
+
+def test_a_tokenizer_that_adds_eos_gets_one_eos(tmp_path):
+    path = write_jsonl(tmp_path, [{"text": "hi"}])
+    ex = load_dataset(path, EosTokenizer(), DataConfig(train=str(path)))[0]
+    assert ex.input_ids.tolist() == [BOS, ord("h"), ord("i")]
+    assert ex.labels.tolist() == [ord("h"), ord("i"), EOS]
+    path = write_jsonl(tmp_path, [{"prompt": "Q", "completion": "ok"}], name="c.jsonl")
+    ex = load_dataset(path, EosTokenizer(), DataConfig(train=str(path)))[0]
+    assert ex.input_ids.tolist() == [BOS, ord("Q"), ord("o"), ord("k")]  # no EOS after Q
+    assert ex.labels.tolist() == [IGNORE_INDEX, ord("o"), ord("k"), EOS]
+
+
 def test_alpaca_renders_as_chat(tmp_path):
     ds = load(tmp_path, [{"instruction": "Add", "input": "1 2", "output": "3"},
                          {"instruction": "Hi", "input": "", "output": "yo"}])

@@ -193,6 +193,23 @@ def test_packed_rows_train_as_the_examples_would_alone(setup):
         np.testing.assert_allclose(q.numpy(), p.numpy(), rtol=1e-4, atol=1e-6, err_msg=n)
 
 
+def test_ragged_accumulation_weighs_every_target_token_alike(setup):
+    """batch 2 x accumulation 3 over ragged examples is batch 6: each micro-batch's mean is
+    weighted by its share of the window's targets, not averaged with the others."""
+    rng = np.random.default_rng(5)
+    ex = [Example(rng.integers(5, 200, n).astype(np.int32), rng.integers(5, 200, n))
+          for n in (3, 14, 5, 9, 2, 11)]
+    acc = _trainer(setup["model"], ex, batch_size=2, grad_accum=3, max_steps=2)
+    big = _trainer(setup["model"], ex, batch_size=6, grad_accum=1, max_steps=2)
+    acc.batches.shuffle = big.batches.shuffle = False  # the same rows in the same windows
+    for ra, rb in zip(acc.run(), big.run()):
+        assert ra["target_tokens"] == rb["target_tokens"] == 44
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5)
+        assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-4)
+    for (n, p), (_, q) in zip(acc.model.trainable(), big.model.trainable()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-4, atol=1e-6, err_msg=n)
+
+
 def test_max_grad_norm_clips_the_update(setup):
     ex = _examples(4, 10)
     tr = _trainer(setup["model"], ex, batch_size=4, max_grad_norm=1e-3, max_steps=1,

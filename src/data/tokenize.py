@@ -9,14 +9,19 @@ def tokens_and_mask(item: tuple, tokenizer, train_on_inputs: bool,
                     where: str = "") -> tuple[list, list]:
     """(ids, in_loss) for a normalized record; prompts are masked unless train_on_inputs. Text
     and completions start as the tokenizer starts a sequence (BOS where its add_bos_token says
-    so: Llama 2, Mistral, TinyLlama) and end with EOS; chat follows its template."""
+    so: Llama 2, Mistral, TinyLlama) and end with one EOS (which a tokenizer whose
+    add_eos_token is true has put there itself); chat follows its template."""
     eos = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    adds_eos = bool(getattr(tokenizer, "add_eos_token", False))
     kind = item[0]
     if kind == "text":
-        ids = list(tokenizer.encode(item[1], add_special_tokens=True)) + eos
+        ids = list(tokenizer.encode(item[1], add_special_tokens=True))
+        ids += [] if adds_eos else eos
         return ids, [True] * len(ids)
     if kind == "completion":
         prompt = list(tokenizer.encode(item[1], add_special_tokens=True))
+        if adds_eos and eos and prompt[-1:] == eos:
+            prompt = prompt[:-1]  # the sequence ends after the answer, not the prompt
         answer = list(tokenizer.encode(item[2], add_special_tokens=False)) + eos
         return prompt + answer, [train_on_inputs] * len(prompt) + [True] * len(answer)
     ids, is_response = tokenizer.chat_token_masks(item[1])

@@ -103,6 +103,7 @@ def tokenizer_kv(tok, cfg):
         if value is not None:
             kv.append((f"tokenizer.ggml.{key}", int(value), V.UINT32, None))
     kv.append(("tokenizer.ggml.add_bos_token", bool(tok.add_bos_token), V.BOOL, None))
+    kv.append(("tokenizer.ggml.add_eos_token", bool(tok.add_eos_token), V.BOOL, None))
     if tok.chat_template:
         kv.append(("tokenizer.chat_template", tok.chat_template, V.STRING, None))
     return kv
