@@ -106,28 +106,29 @@ def quantize_int8(flat, block_size, name):
     return {"codes": codes, "absmax": absmax}
 
 
-def dynamic_quantize(y, code=DYNAMIC_MAP):
+def dynamic_quantize(y, code=DYNAMIC_MAP, xp=np):
     """Index into the sorted 256-entry `code` as bitsandbytes' CUDA dQuantize<0> picks it.
 
     A 7-step binary search from pivot 127, then the midpoint (in float32) against the neighbour
     on the side x lies: above the pivot value x must exceed the midpoint to move up; below it,
     x must be under the midpoint to move down. NaN lands on index 0, as on the GPU. (The kernel
     also carries the neighbour values; they always equal code[lower_p] and code[upper_p].)
+    xp: the array module of y and code (numpy, or cupy for a GPU optimizer's states).
     """
-    y = np.asarray(y, _F32)
-    pivot = np.full(y.shape, 127, np.int16)
-    lower_p = np.zeros(y.shape, np.int16)
-    upper_p = np.full(y.shape, 255, np.int16)
+    y = xp.asarray(y, _F32)
+    pivot = xp.full(y.shape, 127, xp.int16)
+    lower_p = xp.zeros(y.shape, xp.int16)
+    upper_p = xp.full(y.shape, 255, xp.int16)
     for i in (64, 32, 16, 8, 4, 2, 1):
         gt = y > code[pivot]
-        lower_p = np.where(gt, pivot, lower_p)
-        upper_p = np.where(gt, upper_p, pivot)
-        pivot = np.where(gt, pivot + i, pivot - i).astype(np.int16)
+        lower_p = xp.where(gt, pivot, lower_p)
+        upper_p = xp.where(gt, upper_p, pivot)
+        pivot = xp.where(gt, pivot + i, pivot - i).astype(xp.int16)
     val = code[pivot]
     go_up = y > (code[upper_p] + val) * _F32(0.5)
     go_down = y < (code[lower_p] + val) * _F32(0.5)
-    out = np.where(y > val, np.where(go_up, upper_p, pivot), np.where(go_down, lower_p, pivot))
-    return out.astype(np.uint8)
+    out = xp.where(y > val, xp.where(go_up, upper_p, pivot), xp.where(go_down, lower_p, pivot))
+    return out.astype(xp.uint8)
 
 
 def quantize_absmax(absmax):

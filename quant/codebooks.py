@@ -49,15 +49,18 @@ def _linspace_f32(steps):
     return np.where(idx < steps // 2, first, second).astype(_F32)
 
 
-def _create_dynamic_map():
-    """bitsandbytes' create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8)."""
+def _create_dynamic_map(signed=True):
+    """bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): per decade
+    i = 0..6, the midpoints of linspace(0.1, 1) scaled by 10^(i-6) — 2^i of them and their
+    negatives when signed, 2^(i+1) when not — then 0 and 1."""
     values = []
     for i in range(7):
-        bounds = _linspace_f32(2 ** i + 1)
+        bounds = _linspace_f32(2 ** (i if signed else i + 1) + 1)
         means = (bounds[:-1] + bounds[1:]) / _F32(2)    # float32, as torch computes it
         scale = _F32(10.0 ** (i - 6))
         values.append(scale * means)
-        values.append(-scale * means)
+        if signed:
+            values.append(-scale * means)
     values.append(np.array([0.0, 1.0], dtype=_F32))
     table = np.sort(np.concatenate(values).astype(_F32))
     assert table.shape == (256,)
@@ -65,6 +68,9 @@ def _create_dynamic_map():
 
 
 DYNAMIC_MAP = _create_dynamic_map()
+# The unsigned map bitsandbytes' 8-bit optimizers keep Adam's second moment in.
+DYNAMIC_MAP_UNSIGNED = _create_dynamic_map(signed=False)
 DYNAMIC_MAP.setflags(write=False)
+DYNAMIC_MAP_UNSIGNED.setflags(write=False)
 for _table in (NF4_CODE, NF4_PIVOTS, FP4_CODE, FP4_PIVOTS, FP4_RANK_TO_CODE):
     _table.setflags(write=False)

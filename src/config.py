@@ -174,6 +174,7 @@ class TrainConfig(_Section):
     batch_size: Int = Field(4, ge=1)
     grad_accum: Int = Field(1, ge=1)
     lr: Num = Field(2.0e-4, gt=0)
+    optimizer: Literal["adamw", "adamw_8bit"] = "adamw"  # 8-bit: bitsandbytes' blockwise states
     schedule: Literal["constant", "linear", "cosine"] = "cosine"
     warmup_steps: Int = Field(10, ge=0)
     warmup_ratio: Num | None = Field(None, ge=0.0, lt=1.0)

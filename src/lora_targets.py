@@ -29,9 +29,16 @@ class Target:
         return lora_scale(self.alpha, self.rank, self.rslora)
 
     @property
+    def tensor_sizes(self) -> tuple:
+        """Values of each trainable tensor: A (r, in), B (out, r) and, with DoRA, the
+        magnitude (out,)."""
+        return (self.rank * self.n_in, self.n_out * self.rank) + ((self.n_out,) if self.dora
+                                                                   else ())
+
+    @property
     def params(self) -> int:
         """Trainable parameters: A (r, in), B (out, r) and, with DoRA, the magnitude (out,)."""
-        return self.rank * (self.n_in + self.n_out) + (self.n_out if self.dora else 0)
+        return sum(self.tensor_sizes)
 
 
 def layer_index(path) -> int | None:

@@ -12,6 +12,7 @@ from ..models.config import ModelConfig
 from ..models.sources import read_header
 from ..models.tensors import model_tensors, quant_spec
 from ..training.distributed import check_global_batch
+from ..training.states import STATE_BITS
 
 _MODEL_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
 
@@ -31,6 +32,7 @@ class PlanInputs:
     loss_chunk: int
     grad_accum: int = 1
     packed: bool = False  # data.packing: the attention mask is per row
+    state_bits: int = 32  # AdamW's moments: 32 (adamw) or 8 (adamw_8bit)
     device: str = "cpu"
     scratch_cap: int = DEFAULT_SCRATCH_CAP
     ranks: int = 1  # data-parallel ranks: `batch` is then this rank's share of the global batch
@@ -125,7 +127,8 @@ def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
         grad_checkpointing=bool(tr.grad_checkpointing if grad_checkpointing is None
                                 else grad_checkpointing),
         loss_chunk=int(tr.loss_chunk), grad_accum=int(tr.grad_accum),
-        packed=bool(run.data.packing), device=run.device.split(":")[0],
+        packed=bool(run.data.packing), state_bits=STATE_BITS[tr.optimizer],
+        device=run.device.split(":")[0],
         scratch_cap=int(scratch_cap or run.scratch_mib << 20))
     inputs.run = {"model": path, "device": run.device, "quant": quant_spec(run.quant),
                   "lora": {"rank": run.lora.rank, "targets": run.lora.targets,

@@ -10,6 +10,7 @@ from ..kernels import (
 )
 from ..lora_targets import layer_index
 from ..tracker import CATEGORIES
+from ..training.states import state_nbytes
 from .activations import F32, BlockModel
 from .dense_prices import dense_alternatives
 from .inputs import plan_inputs
@@ -75,9 +76,11 @@ def static_categories(inp):
     base_packed = sum(st.nbytes for st in inp.linears.values())
     base_other = sum(st.nbytes for st in inp.others.values())
     adapters = sum(ad.params for ad in inp.adapters.values()) * F32
+    optimizer = 2 * sum(state_nbytes(n, inp.state_bits) for ad in inp.adapters.values()
+                        for n in ad.tensor_sizes)  # AdamW's two moments
     return {"base_packed": base_packed, "base_other": base_other,
             "dense_scratch": dense_scratch(inp), "adapters": adapters,
-            "optimizer": 2 * adapters, "workspace": allreduce_bytes(inp)}
+            "optimizer": optimizer, "workspace": allreduce_bytes(inp)}
 
 
 def loftq_init_plan(inp):

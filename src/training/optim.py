@@ -1,13 +1,18 @@
-"""AdamW with decoupled weight decay, float32 states for trainable tensors only, and clipping."""
+"""AdamW with decoupled weight decay (moments in float32 or 8 bits, see states.py) for trainable
+tensors only, and clipping."""
 import math
 
 import numpy as np
 
+from .states import make_state
+
 
 class AdamW:
-    """AdamW over (name, Tensor) pairs. States live in the `optimizer` memory category."""
+    """AdamW over (name, Tensor) pairs. States live in the `optimizer` memory category;
+    state_bits 8 keeps them as bitsandbytes' 8-bit blockwise optimizers do."""
 
-    def __init__(self, named_params, lr=2e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, named_params, lr=2e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 state_bits=32):
         self.params = list(named_params)
         if not self.params:
             raise ValueError("AdamW got no trainable parameters")
@@ -16,9 +21,10 @@ class AdamW:
         self.t = 0
         dev = self.params[0][1].device
         self.xp = xp = dev.xp
-        with dev.memory.category("optimizer"):
-            self.m = {n: dev.memory.track(xp.zeros(p.shape, np.float32)) for n, p in self.params}
-            self.v = {n: dev.memory.track(xp.zeros(p.shape, np.float32)) for n, p in self.params}
+        mem = dev.memory
+        with mem.category("optimizer"):
+            self.m = {n: make_state(p.shape, state_bits, mem, xp, True) for n, p in self.params}
+            self.v = {n: make_state(p.shape, state_bits, mem, xp, False) for n, p in self.params}
 
     def step(self, lr=None):
         """One update from each parameter's .grad (parameters without a grad are skipped)."""
@@ -30,13 +36,15 @@ class AdamW:
         for name, p in self.params:
             if p.grad is None:
                 continue
-            g, m, v, w = p.grad.data, self.m[name], self.v[name], p.data
+            g, m, v, w = p.grad.data, self.m[name].load(), self.v[name].load(), p.data
             if self.weight_decay:
                 w *= 1.0 - lr * self.weight_decay
             m *= self.b1
             m += (1.0 - self.b1) * g
             v *= self.b2
             v += (1.0 - self.b2) * (g * g)
+            self.m[name].store(m)
+            self.v[name].store(v)
             denom = self.xp.sqrt(v / c2)
             denom += self.eps
             w -= step_size * (m / denom)
@@ -48,16 +56,14 @@ class AdamW:
     def state_arrays(self):
         out = {}
         for n, _ in self.params:
-            out[f"{n}.exp_avg"] = self.m[n]
-            out[f"{n}.exp_avg_sq"] = self.v[n]
+            out.update(self.m[n].arrays(f"{n}.exp_avg"))
+            out.update(self.v[n].arrays(f"{n}.exp_avg_sq"))
         return out
 
     def load_state_arrays(self, arrays, step):
         for n, _ in self.params:
-            for key, store in ((f"{n}.exp_avg", self.m), (f"{n}.exp_avg_sq", self.v)):
-                if key not in arrays:
-                    raise KeyError(f"optimizer state has no {key!r}")
-                store[n][...] = self.xp.asarray(arrays[key])
+            self.m[n].restore(arrays, f"{n}.exp_avg", self.xp)
+            self.v[n].restore(arrays, f"{n}.exp_avg_sq", self.xp)
         self.t = int(step)
 
 

@@ -13,6 +13,7 @@ from .fingerprint import check_resume, fingerprint
 from .metrics import MetricsLog, Progress
 from .optim import AdamW, clip_grad_norm
 from .schedule import Schedule
+from .states import STATE_BITS
 
 
 def evaluate(model, examples, batch_size, pad_id=0, chunk=256):
@@ -50,7 +51,8 @@ class Trainer:
         params = model.trainable()
         if not params:
             raise TrainingError("nothing to train: no parameter requires grad (apply_lora first)")
-        self.opt = AdamW(params, cfg.lr, tuple(cfg.betas), cfg.eps, cfg.weight_decay)
+        self.opt = AdamW(params, cfg.lr, tuple(cfg.betas), cfg.eps, cfg.weight_decay,
+                         STATE_BITS[cfg.optimizer])
         self.flat = None  # the one float32 buffer the gradients are summed over ranks in
         if self.world.size > 1:
             check_global_batch(cfg.batch_size, self.world.size)
