@@ -150,12 +150,15 @@ def merge_to_gguf(model, adapter, out, quantize_to=None, base_mode=None):
     kv = gguf_base_kv(base.gguf) if base.gguf else hf_base_kv(base, model)
     kv = file_type_kv(kv, quantize_to) if quantize_to is not None else kv
     plans = [TensorPlan(j.gguf, j.shape, j.out_type) for j in jobs]
-    with GGUFStream(out, base.arch, kv, plans) as f:
-        reader = _Reader(base)
-        for j in jobs:
-            for piece in (reader.raw_pieces(j) if j.copy else _merged_pieces(base, deltas, j,
-                                                                                reader)):
-                f.write(j.gguf, piece)
+    reader = _Reader(base)
+    try:
+        with GGUFStream(out, base.arch, kv, plans) as f:
+            for j in jobs:
+                pieces = reader.raw_pieces(j) if j.copy else _merged_pieces(base, deltas, j,
+                                                                             reader)
+                for piece in pieces:
+                    f.write(j.gguf, piece)
+    finally:
         reader.close()
     return out
 
@@ -195,14 +198,14 @@ def _decode(kind, shape, data):
     return PackedWeight.from_gguf(kind.name, shape, data).dequantize()
 
 
-def _encode(kind, w):
+def _encode(kind, w, name="merged"):
     if kind == GGML.F32:
         return np.ascontiguousarray(w, np.float32)
     if kind == GGML.F16:
         return w.astype(np.float16)
     if kind == GGML.BF16:
         return float32_to_bf16(w)
-    return quantize(w, BY_GGUF_NAME[kind.name].name, name="merged").buffers["blocks"]
+    return quantize(w, BY_GGUF_NAME[kind.name].name, name=name).buffers["blocks"]
 
 
 def _on_own_grid(job):
@@ -231,7 +234,7 @@ def _merged_pieces(base, deltas, job, reader):
     if base.gguf is None or job.as_trained:
         whole = _whole_in_gguf_order(base, deltas, job, reader)
         if whole.ndim == 1:
-            yield _encode(job.out_type, whole)
+            yield _encode(job.out_type, whole, job.gguf)
             return
     rows, k = job.shape
     hf_rows = base.gguf_rows(job.hf, rows) if job.merge else None
@@ -247,4 +250,4 @@ def _merged_pieces(base, deltas, job, reader):
             rng = np.random.default_rng([zlib.crc32(job.gguf.encode()), r0])  # reproducible
             yield requantize_on_grid(BY_GGUF_NAME[job.in_type.name].name, raw, w, rng)
         else:
-            yield _encode(job.out_type, w)
+            yield _encode(job.out_type, w, job.gguf)
