@@ -1,4 +1,8 @@
-"""Central finite-difference gradient checks for packlora ops (float64)."""
+"""Central finite-difference gradient checks for packlora ops (float64), and a tracemalloc
+window for tests that measure what a call allocates."""
+import contextlib
+import tracemalloc
+
 import numpy as np
 import packlora as pl
 
@@ -38,3 +42,22 @@ def check(fn, inputs, eps=1e-6, rtol=1e-5, atol=1e-7, seed=123):
         assert t.grad is not None, "no gradient reached an input that requires grad"
         np.testing.assert_allclose(t.grad.numpy(), num, rtol=rtol, atol=atol)
         t.grad = None
+
+
+@contextlib.contextmanager
+def traced():
+    """`with traced() as peak:` — peak[0] is the most the block held at once beyond what was
+    allocated before it, whether or not tracemalloc was already tracing (the memory tracker and
+    the measured runs start it too)."""
+    was = tracemalloc.is_tracing()
+    if not was:
+        tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    peak = [0]
+    try:
+        yield peak
+    finally:
+        peak[0] = tracemalloc.get_traced_memory()[1] - before
+        if not was:
+            tracemalloc.stop()

@@ -5,11 +5,11 @@ process gives."""
 import json
 import subprocess
 import sys
-import tracemalloc
 
 import model_factory as mf
 import numpy as np
 import pytest
+from gradcheck import traced
 from gguf import GGMLQuantizationType as GGML
 from packlora import Device, apply_lora, load_model, save_adapter
 from packlora.gguf_out.merge import CHUNK_ELEMS, WORKSET_BYTES_PER_VALUE, _decode, _encode
@@ -29,15 +29,13 @@ def test_a_chunk_stays_within_the_planned_working_set(fmt, grid):
     a = (0.01 * rng.standard_normal((16, k))).astype(np.float32)
     b = (0.01 * rng.standard_normal((rows, 16))).astype(np.float32)
     kind = REGISTRY[fmt].gguf_type
-    tracemalloc.start()
-    w = _decode(kind, (rows, k), raw) + np.float32(2.0) * (b @ a)   # as merge_rows makes it
-    if grid == "own":
-        requantize_on_grid(fmt, raw, w, np.random.default_rng(0))
-    else:
-        _encode(GGML[fmt.upper()], w)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    assert peak <= CHUNK_ELEMS * WORKSET_BYTES_PER_VALUE
+    with traced() as peak:
+        w = _decode(kind, (rows, k), raw) + np.float32(2.0) * (b @ a)  # as merge_rows makes it
+        if grid == "own":
+            requantize_on_grid(fmt, raw, w, np.random.default_rng(0))
+        else:
+            _encode(GGML[fmt.upper()], w)
+    assert peak[0] <= CHUNK_ELEMS * WORKSET_BYTES_PER_VALUE
 
 
 def _packlora(*args):
