@@ -1,6 +1,7 @@
 """The packlora command line: a thin layer over the Python API."""
 import argparse
 import json
+import signal
 import sys
 import traceback
 import warnings
@@ -202,9 +203,16 @@ def _warn_one_line(message, category, filename, lineno, file=None, line=None):
     print(f"packlora: warning: {message}", file=sys.stderr)
 
 
+def _terminated(signum, frame):
+    """SIGTERM (a scheduler, `kill`) ends a command as Ctrl-C does: files being written are
+    removed, nothing complete is touched."""
+    raise KeyboardInterrupt
+
+
 def _run(argv):
     args = build_parser().parse_args(argv)
     warnings.showwarning = _warn_one_line
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         args.fn(args)
     except (PackloraError, OSError) as e:  # OSError: a full disk, a path that is a file, ...

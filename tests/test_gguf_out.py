@@ -4,6 +4,9 @@ converter's Q/K row permutation (model_factory.llama_permute), bytes of untouche
 and the errors for what cannot be written. llama.cpp itself runs them in
 test_llama_cpp_adapters.py."""
 import os
+import signal
+import subprocess
+import sys
 import warnings
 
 import gguf
@@ -282,3 +285,20 @@ def test_a_write_that_fails_before_its_first_tensor_leaves_nothing(tmp_path):
     with pytest.raises(ModelError, match="no merges"):
         merge(hf, tmp_path / "ad", tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_sigterm_mid_merge_leaves_no_file(tmp_path):
+    """`kill` (SIGTERM) ends a merge as Ctrl-C does: the temp file goes too."""
+    base, _ = mf.write_gguf(tmp_path / "base.gguf", "llama")
+    _adapter(base, tmp_path / "ad")
+    code = ("import sys, time; from packlora.gguf_out.stream import GGUFStream; "
+            "real = GGUFStream.write; "
+            "GGUFStream.write = lambda s, n, d: (print('writing', flush=True), time.sleep(60)); "
+            "from packlora.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "merge", "--model", str(base),
+                             "--adapter", str(tmp_path / "ad"), "--out",
+                             str(tmp_path / "m.gguf")], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"  # inside the write, temp file open
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    assert sorted(os.listdir(tmp_path)) == ["ad", "base.gguf"]
