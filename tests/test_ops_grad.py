@@ -6,6 +6,7 @@ import packlora as pl
 import pytest
 from gradcheck import DEV, check, leaf
 from packlora import ops
+from packlora.ops.head_loss import head_cross_entropy
 
 
 @pytest.mark.parametrize("sa,sb", [((3, 4), (3, 4)), ((3, 4), (4,)), ((2, 1, 4), (3, 1)),
@@ -123,6 +124,23 @@ def test_attention_matches_reference(chunk, monkeypatch):
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     np.testing.assert_allclose(out, np.einsum("bhts,bshd->bthd", p, vv), rtol=1e-10)
+
+
+@pytest.mark.parametrize("chunk", [2, 256])
+def test_head_cross_entropy_only_meets_target_rows(chunk):
+    """The fused LM head + loss: the mean NLL over target rows of h @ W.T, gradient by finite
+    differences; rows without a target get a zero gradient."""
+    h, w = leaf((7, 5), 40), pl.Tensor(np.random.default_rng(41).standard_normal((11, 5)), DEV)
+    targets = np.array([3, -100, 0, -100, -100, 10, 4])
+    fn = (lambda x: head_cross_entropy(x, w, targets, chunk=chunk))
+    z = h.data @ w.data.T
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    keep = targets != -100
+    want = (lse[keep] - z[keep, targets[keep]]).mean()
+    np.testing.assert_allclose(fn(h).item(), want, rtol=1e-6)  # the loss is float32
+    check(fn, [h], eps=1e-3, rtol=1e-3, atol=1e-3)  # the loss is rounded to float32
+    fn(h).backward()
+    assert not h.grad.numpy()[~keep].any()
 
 
 def test_cross_entropy_chunks_and_ignore():
