@@ -10,7 +10,7 @@ from ..errors import ModelError
 from ..lora_targets import pattern_value
 from ..quant import quantize
 from .loftq import loftq_fit
-from .peft_io import lora_config_from_peft, read_adapter, recorded_base, strip_key
+from .peft_io import check_base, lora_config_from_peft, read_adapter, recorded_base, strip_key
 
 MAGNITUDE = "lora_magnitude_vector"
 BASES = ("float", "quantized")  # what a float base weight is merged into: W, or deq(Q(W))
@@ -22,7 +22,8 @@ class AdapterDeltas:
     def __init__(self, adapter_dir):
         self.path = str(adapter_dir)
         self.config, tensors = read_adapter(adapter_dir)
-        self.trained_quant = ((recorded_base(adapter_dir) or {}).get("quant") or {})
+        self.recorded = recorded_base(adapter_dir) or {}  # the base it was trained on
+        self.trained_quant = self.recorded.get("quant") or {}
         weights = {strip_key(k).removesuffix(".weight"): v for k, v in tensors.items()}
         self.other = sorted(k for k in weights if not _is_lora_key(k))  # e.g. modules_to_save
         paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights if _is_lora_key(k)})
@@ -41,15 +42,15 @@ class AdapterDeltas:
     def has_dora(self):
         return any(m[2] is not None for m in self.modules.values())
 
-    @property
-    def nbytes(self):
-        return sum(x.nbytes for m in self.modules.values() for x in m if x is not None)
-
     def scale(self, path):
         """The output scale s of y = Wx + s·BAx for module `path`."""
         rank = self.modules[path][0].shape[0]
         alpha = pattern_value(path, self.lora.alpha_pattern, self.lora.alpha)
         return lora_scale(alpha, rank, self.lora.use_rslora)
+
+    def check_base(self, identity):
+        """Warn when `identity` is not the base the adapter recorded (peft_io.check_base)."""
+        check_base(self.path, identity, self.recorded)
 
     def base_mode(self, requested=None):
         """"float" (merge into W, what PEFT, Unsloth and the QLoRA authors do) or "quantized"

@@ -137,10 +137,12 @@ def recorded_base(adapter_dir):
         return None
 
 
-def check_base(adapter_dir, identity):
+def check_base(adapter_dir, identity, recorded=None):
     """Warn (BaseMismatchWarning) when the base `identity` (models.identity.base_identity) is
-    not the one the adapter at `adapter_dir` recorded; an adapter without a record passes."""
-    why = base_mismatch(recorded_base(adapter_dir), identity)
+    not the one the adapter at `adapter_dir` recorded (`recorded`, when already read); an
+    adapter without a record passes."""
+    recorded = recorded_base(adapter_dir) if recorded is None else recorded
+    why = base_mismatch(recorded, identity)
     if why:
         warnings.warn(f"{adapter_dir}: the adapter {why}", BaseMismatchWarning, stacklevel=3)
 

@@ -11,6 +11,7 @@ Nothing here knows a format's bit layout: the format's own decoder is probed onc
 to learn which element and which power of two each code bit is (ggml keeps codes in their own
 byte ranges, BlockLayout.codes_at / high_bits_at)."""
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,10 +35,20 @@ def _decode_blocks(entry, blocks):
                             entry.default_block_size)
 
 
+class BitMap(NamedTuple):
+    """Where a format's codes sit, learned from its decoder (bits little-endian per byte)."""
+
+    where: np.ndarray     # byte offsets within a block that hold code bits
+    element: np.ndarray   # the element each code bit belongs to
+    weight: np.ndarray    # the bit's signed value in its element's code (int16)
+    lsb_bits: np.ndarray  # a block's bytes with every element's lowest code bit set
+    lo: np.ndarray        # each element's smallest code
+    hi: np.ndarray        # each element's largest code
+
+
 @functools.cache
-def bit_map(fmt):
-    """(code byte offsets, element of each code bit, signed weight of each code bit) of format
-    `fmt`, bits in little-endian order within each byte, learned from its decoder."""
+def bit_map(fmt) -> BitMap:
+    """The BitMap of format `fmt`, probed once."""
     entry = REGISTRY[fmt]
     if entry.storage != GGML_ROWS or not entry.quantizable:
         raise QuantError(f"{fmt}: no stored grid to re-quantize onto")
@@ -61,7 +72,14 @@ def bit_map(fmt):
     for b in np.argsort(-np.abs(value), kind="stable"):  # ends with each element's smallest
         lsb[element[b]] = value[b]
     weight = np.rint(value / lsb[element]).astype(np.int16)
-    return where, element, weight
+    lsb_bits = np.zeros(layout.nbytes, np.uint8)
+    for b in np.flatnonzero(np.abs(weight) == 1):
+        lsb_bits[where[b // 8]] |= np.uint8(1 << (b % 8))
+    lo = np.zeros(layout.elems, np.int16)
+    hi = np.zeros(layout.elems, np.int16)
+    np.add.at(lo, element, np.minimum(weight, 0))
+    np.add.at(hi, element, np.maximum(weight, 0))
+    return BitMap(where, element, weight, lsb_bits, lo, hi)
 
 
 def requantize_on_grid(fmt, stored, target, rng):
@@ -70,23 +88,16 @@ def requantize_on_grid(fmt, stored, target, rng):
     whose new values go more than a step past its grid's range is quantized afresh."""
     entry = REGISTRY[fmt]
     layout = entry.layout
-    where, element, weight = bit_map(fmt)
+    where, element, weight, lsb_bits, lo, hi = bit_map(fmt)
     rows, k = target.shape
     zero = np.array(stored, np.uint8).reshape(rows * (k // layout.elems), layout.nbytes)
     zero[:, where] = 0                   # the blocks with every code 0; scales kept
-    lsb_bits = np.zeros(layout.nbytes, np.uint8)
-    for b in np.flatnonzero(np.abs(weight) == 1):  # every element's lowest bit, set
-        lsb_bits[where[b // 8]] |= np.uint8(1 << (b % 8))
     base = _decode_blocks(entry, zero)                              # (n, elems) value of code 0
     step = _decode_blocks(entry, zero | lsb_bits) - base            # (n, elems) one code step
     t = target.reshape(base.shape) - base
     flat = step == 0                     # a zero scale: the code does not matter
     codes = np.floor(t / np.where(flat, 1, step) + rng.random(t.shape, dtype=np.float32))
     codes = np.where(flat, 0, codes)
-    lo = np.zeros(layout.elems, np.int16)
-    hi = np.zeros(layout.elems, np.int16)
-    np.add.at(lo, element, np.minimum(weight, 0))
-    np.add.at(hi, element, np.maximum(weight, 0))
     # a block the merge takes more than a step past its grid's ends gets a grid of its own;
     # up to one step, clipping the few values there costs less than re-rounding the block
     outside = ((codes < lo - 1) | (codes > hi + 1)).any(axis=1)

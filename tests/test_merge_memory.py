@@ -12,7 +12,8 @@ import pytest
 from gradcheck import traced
 from gguf import GGMLQuantizationType as GGML
 from packlora import Device, apply_lora, load_model, save_adapter
-from packlora.gguf_out.merge import CHUNK_ELEMS, WORKSET_BYTES_PER_VALUE, _decode, _encode
+from packlora.gguf_out.codec import decode_rows, encode_rows
+from packlora.gguf_out.merge import CHUNK_ELEMS, WORKSET_BYTES_PER_VALUE
 from packlora.quant import REGISTRY, quantize
 from packlora.quant.regrid import requantize_on_grid
 
@@ -30,11 +31,11 @@ def test_a_chunk_stays_within_the_planned_working_set(fmt, grid):
     b = (0.01 * rng.standard_normal((rows, 16))).astype(np.float32)
     kind = REGISTRY[fmt].gguf_type
     with traced() as peak:
-        w = _decode(kind, (rows, k), raw) + np.float32(2.0) * (b @ a)  # as merge_rows makes it
+        w = decode_rows(kind, (rows, k), raw) + np.float32(2.0) * (b @ a)  # as merge_rows makes it
         if grid == "own":
             requantize_on_grid(fmt, raw, w, np.random.default_rng(0))
         else:
-            _encode(GGML[fmt.upper()], w)
+            encode_rows(GGML[fmt.upper()], w)
     assert peak[0] <= CHUNK_ELEMS * WORKSET_BYTES_PER_VALUE
 
 

@@ -12,10 +12,12 @@ from gguf import GGMLQuantizationType as GGML
 from gguf import GGUFValueType
 
 from ..adapters.deltas import AdapterDeltas
-from ..adapters.peft_io import check_base
+from ..config import lora_scale
 from ..errors import ModelError
+from ..models.gguf_file import gguf_name
 from ..models.identity import base_identity
-from ..quant import quantize
+from ..quant import BY_GGUF_NAME
+from .codec import encode_rows
 from .layout import BaseLayout
 from .stream import GGUFStream, TensorPlan, check_new_output
 
@@ -31,8 +33,7 @@ def written_alpha(deltas):
     """The one alpha the file carries: the adapter's own scale times its own r, so modules
     at the adapter's r and alpha need no folding (rsLoRA: alpha·sqrt(r))."""
     lora = deltas.lora
-    scale = lora.alpha / np.sqrt(lora.rank) if lora.use_rslora else lora.alpha / lora.rank
-    return float(scale * lora.rank)
+    return float(lora_scale(lora.alpha, lora.rank, lora.use_rslora) * lora.rank)
 
 
 def _refuse_unrepresentable(deltas, adapter):
@@ -62,19 +63,17 @@ def adapter_tensors(deltas, base, alpha):
         rows = base.gguf_rows(hf, b.shape[0])
         if rows is not None:
             b_out = b_out[rows]
-        name = base.gguf_name(hf)
+        name = gguf_name(hf)
         out += [(f"{name}.lora_a", a), (f"{name}.lora_b", b_out)]
     return out
 
 
-def _encode(array, ggml_type):
+def _encode(array, ggml_type, name):
     """(bytes-like array, the type actually used): Q8_0 needs rows of whole 32-blocks; other
     rows (lora_b's, r values long) are stored as F16, as llama.cpp's converter does."""
-    if ggml_type == GGML.Q8_0 and array.shape[-1] % 32 == 0:
-        return quantize(array, "q8_0").buffers["blocks"], GGML.Q8_0
-    if ggml_type in (GGML.Q8_0, GGML.F16):
-        return array.astype(np.float16), GGML.F16
-    return np.ascontiguousarray(array, np.float32), GGML.F32
+    if ggml_type == GGML.Q8_0 and array.shape[-1] % BY_GGUF_NAME["Q8_0"].layout.elems:
+        ggml_type = GGML.F16
+    return encode_rows(ggml_type, array, name), ggml_type
 
 
 def export_gguf_adapter(adapter, out, model=None, outtype="f32"):
@@ -90,9 +89,9 @@ def export_gguf_adapter(adapter, out, model=None, outtype="f32"):
     if not model:
         raise ModelError(f"{adapter}: adapter_config.json names no base model; pass --model")
     base = BaseLayout.open(model)
-    check_base(adapter, base_identity(model, base.path, None))
+    deltas.check_base(base_identity(model, base.path, None))
     alpha = written_alpha(deltas)
-    tensors = [(n, a.shape, *_encode(a, OUTTYPES[outtype]))
+    tensors = [(n, a.shape, *_encode(a, OUTTYPES[outtype], n))
                for n, a in adapter_tensors(deltas, base, alpha)]
     kv = [("general.type", "adapter", GGUFValueType.STRING, None),
           ("adapter.type", "lora", GGUFValueType.STRING, None),

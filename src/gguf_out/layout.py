@@ -7,7 +7,7 @@ permuted into adjacent rotary pairs; Qwen2/Qwen3 keep their own names and row or
 import numpy as np
 
 from ..errors import ModelError
-from ..models.gguf_file import QK_PERMUTED_ARCHS, gguf_name, qk_row_order
+from ..models.gguf_file import QK_PERMUTED_ARCHS, qk_row_order
 from ..models.resolve import resolve_source
 from ..models.sources import GGUFSource, open_source
 
@@ -36,9 +36,6 @@ class BaseLayout:
     @property
     def path(self):
         return self.source.path
-
-    def gguf_name(self, hf_name):
-        return gguf_name(hf_name)
 
     def gguf_rows(self, hf_name, n_rows):
         """Row indices putting HF-ordered rows of `hf_name` into the GGUF's order

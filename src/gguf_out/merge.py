@@ -12,15 +12,14 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGML
 
 from ..adapters.deltas import AdapterDeltas
-from ..adapters.peft_io import check_base
 from ..errors import ModelError
-from ..models.files import bf16_to_float32, float32_to_bf16
-from ..models.gguf_file import hf_name
+from ..models.gguf_file import gguf_name, hf_name
 from ..models.identity import base_identity
 from ..models.tensors import PROJECTIONS
-from ..quant import BY_GGUF_NAME, QUANTIZABLE, REGISTRY, PackedWeight, quantize
+from ..quant import BY_GGUF_NAME, QUANTIZABLE, REGISTRY
 from ..quant.presets import FALLBACK, PRESETS, preset_format
 from ..quant.regrid import requantize_on_grid
+from .codec import decode_rows, encode_rows
 from .layout import BaseLayout
 from .metadata import file_type_kv, gguf_base_kv, hf_base_kv
 from .stream import GGUFStream, TensorPlan, check_new_output
@@ -74,9 +73,9 @@ def _plan_jobs(base, deltas, quantize_to, mode):
         base.source.names(), key=_hf_order)
     for name in names:
         hf = hf_name(name) if base.gguf else name
-        gguf = name if base.gguf else base.gguf_name(name)
-        shape = base.gguf.tensor(name)[1] if base.gguf else base.shape(name)
-        stored = base.gguf.tensor(name)[0] if base.gguf else "F32"
+        gguf = name if base.gguf else gguf_name(name)
+        stored, shape, _ = base.gguf.tensor(name) if base.gguf else ("F32", base.shape(name),
+                                                                          None)
         in_type = GGML[stored]
         place = _linear_place(hf, cfg.num_layers)
         merge = hf is not None and hf.removesuffix(".weight") in deltas.modules
@@ -142,7 +141,7 @@ def merge_to_gguf(model, adapter, out, quantize_to=None, base_mode=None):
     if deltas.other:
         raise ModelError(f"{adapter}: tensors other than LoRA/DoRA weights ({deltas.other[0]!r})"
                          " are not merged; the adapter is not one packlora wrote")
-    check_base(adapter, base_identity(model, base.path, None))
+    deltas.check_base(base_identity(model, base.path, None))
     if base.gguf is None and quantize_to is None:
         quantize_to = "f16"
     jobs = _plan_jobs(base, deltas, quantize_to, mode)
@@ -188,26 +187,6 @@ class _Reader:
         return np.frombuffer(raw, np.uint8).reshape(r1 - r0, row_bytes)
 
 
-def _decode(kind, shape, data):
-    if kind == GGML.F32:
-        return data.view(np.float32).reshape(shape)
-    if kind == GGML.F16:
-        return data.view(np.float16).reshape(shape).astype(np.float32)
-    if kind == GGML.BF16:
-        return bf16_to_float32(data.view(np.uint16)).reshape(shape)
-    return PackedWeight.from_gguf(kind.name, shape, data).dequantize()
-
-
-def _encode(kind, w, name="merged"):
-    if kind == GGML.F32:
-        return np.ascontiguousarray(w, np.float32)
-    if kind == GGML.F16:
-        return w.astype(np.float16)
-    if kind == GGML.BF16:
-        return float32_to_bf16(w)
-    return quantize(w, BY_GGUF_NAME[kind.name].name, name=name).buffers["blocks"]
-
-
 def _on_own_grid(job):
     """Whether a merged weight goes back onto the grid it is stored on (see quant.regrid)."""
     fmt = BY_GGUF_NAME.get(job.in_type.name)
@@ -221,7 +200,7 @@ def _whole_in_gguf_order(base, deltas, job, reader):
     if base.gguf is None:
         whole = np.asarray(base.source.get(job.hf), np.float32)
     else:
-        whole = _decode(job.in_type, job.shape, reader.raw_rows(job, 0, job.shape[0]))
+        whole = decode_rows(job.in_type, job.shape, reader.raw_rows(job, 0, job.shape[0]))
         whole = whole if order is None else whole[np.argsort(order)]
     if job.as_trained:
         whole = deltas.as_trained(whole, job.hf)
@@ -234,7 +213,7 @@ def _merged_pieces(base, deltas, job, reader):
     if base.gguf is None or job.as_trained:
         whole = _whole_in_gguf_order(base, deltas, job, reader)
         if whole.ndim == 1:
-            yield _encode(job.out_type, whole, job.gguf)
+            yield encode_rows(job.out_type, whole, job.gguf)
             return
     rows, k = job.shape
     hf_rows = base.gguf_rows(job.hf, rows) if job.merge else None
@@ -242,7 +221,7 @@ def _merged_pieces(base, deltas, job, reader):
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         raw = None if whole is not None else reader.raw_rows(job, r0, r1)
-        w = whole[r0:r1] if whole is not None else _decode(job.in_type, (r1 - r0, k), raw)
+        w = whole[r0:r1] if whole is not None else decode_rows(job.in_type, (r1 - r0, k), raw)
         if job.merge:
             sel = slice(r0, r1) if hf_rows is None else hf_rows[r0:r1]
             w = deltas.merged_rows(job.hf.removesuffix(".weight"), w, sel)
@@ -250,4 +229,4 @@ def _merged_pieces(base, deltas, job, reader):
             rng = np.random.default_rng([zlib.crc32(job.gguf.encode()), r0])  # reproducible
             yield requantize_on_grid(BY_GGUF_NAME[job.in_type.name].name, raw, w, rng)
         else:
-            yield _encode(job.out_type, w, job.gguf)
+            yield encode_rows(job.out_type, w, job.gguf)

@@ -124,7 +124,11 @@ def detect_pre(tok, fields):
     """The first llama.cpp pre-tokenizer name under which the GGUF tokenizer gives the ids the
     base's tokenizer gives on PROBE; ModelError when none does."""
     want = tok.encode(PROBE)
-    for pre in PRE_TOKENIZER_REGEXES:
+    tried = []
+    for pre, rules in PRE_TOKENIZER_REGEXES.items():
+        if rules in tried:  # another name for rules already tried (smollm = starcoder = ...)
+            continue
+        tried.append(rules)
         candidate = Tokenizer.from_gguf({**fields, "tokenizer.ggml.pre": pre}, tok.source)
         if candidate.encode(PROBE) == want:
             return pre
