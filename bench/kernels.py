@@ -4,11 +4,11 @@ Packed and dense calls take turns and each side's best time counts (the machines
 with --rounds N the whole sweep runs N times and the best over all of them counts.
 
 Usage: python bench/kernels.py [--quick] [--formats nf4,q4_0] [--ms 1,8,512] [--rounds 2]
+                               [--shapes llama.attn,llama.up]
 """
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 import tracemalloc
@@ -19,7 +19,9 @@ from numba import get_num_threads
 from packlora import Device
 from packlora.kernels import linear_bwd, linear_fwd
 from packlora.kernels.cpu import ops as cpu_ops
-from packlora.quant import DYNAMIC_MAP, REGISTRY, PackedWeight
+from packlora.quant import DYNAMIC_MAP, REGISTRY, PackedWeight, quantize
+
+from hostinfo import cpu_name  # bench/hostinfo.py
 
 SHAPES = {  # name -> (N, K)
     "smol.q_o": (576, 576), "smol.kv": (192, 576), "smol.up": (1536, 576),
@@ -28,7 +30,7 @@ SHAPES = {  # name -> (N, K)
 }
 QUICK_SHAPES = ("smol.q_o", "smol.up", "llama.attn", "llama.up")
 FORMATS = ("nf4", "nf4+dq", "fp4", "int8", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",
-           "q4_k", "q5_k", "q6_k")
+           "q4_k", "q5_k", "q6_k", "f16", "bf16")
 QUICK_FORMATS = ("nf4", "nf4+dq", "int8", "q4_0", "q8_0", "q4_k", "q6_k")
 MS = (1, 8, 64, 512, 2048)
 GGML_LAYOUT = {n: f.layout for n, f in REGISTRY.items() if f.gguf_type is not None}
@@ -39,6 +41,8 @@ def random_packed(fmt, N, K, rng):
     dq = fmt.endswith("+dq")
     fmt = fmt.removesuffix("+dq")
     numel = N * K
+    if REGISTRY[fmt].float16:  # random bytes would be NaNs and subnormals: real values
+        return quantize(rng.standard_normal((N, K), dtype=np.float32), fmt)
     if fmt in GGML_LAYOUT:
         lay = GGML_LAYOUT[fmt]
         blocks = rng.integers(0, 256, (N, K // lay.elems, lay.nbytes), dtype=np.uint8)
@@ -206,11 +210,13 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1,
                     help="sweeps over all entries; each side's best time over them counts (a "
                          "slow stretch of a shared machine then has to hit every sweep)")
+    ap.add_argument("--shapes", default=None, help="comma-separated subset of " + ",".join(SHAPES))
     args = ap.parse_args(argv)
     default = QUICK_FORMATS if args.quick else FORMATS
     formats = args.formats.split(",") if args.formats else default
     ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else MS
     names = QUICK_SHAPES if args.quick else tuple(SHAPES)
+    names = args.shapes.split(",") if args.shapes else names
     dev = Device.cpu()
     rng = np.random.default_rng(0)
     rounds = []
@@ -224,7 +230,7 @@ def main(argv=None):
         rounds.append(sweep)
     rows = [finish(r) for r in merge_rounds(rounds)]
     doc = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
                     "numba_threads": get_num_threads(),
                     "fused_max_m": [cpu_ops.FUSED_MAX_M, cpu_ops.FUSED_MAX_M_BWD],
                     "scratch_cap_bytes": dev.scratch_cap, "rounds": args.rounds},

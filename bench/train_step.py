@@ -11,6 +11,7 @@ import time
 
 import packlora as pl  # noqa: I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
+from packlora.tracker import rss_peak
 from packlora.training.optim import AdamW, clip_grad_norm
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -74,12 +75,24 @@ def run(checkpointing, batch, seq, steps):
                    "process_peak_bytes": snap["process_peak"], "rss_peak_bytes": snap["rss_peak"]}
 
 
+def one(checkpointing, batch, seq, steps):
+    """One configuration in this process, as one JSON line: what bench/vs_pytorch.py reads.
+    The peak is the whole process's (VmHWM), loading included, as the peer reports its own."""
+    _, row = run(checkpointing, batch, seq, steps)
+    row["process_vmhwm_mib"] = round(rss_peak() / 2**20, 1)
+    print(json.dumps(row))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--one", choices=["off", "on"], default=None,
+                    help="run only checkpointing off/on and print one JSON line")
     a = ap.parse_args()
+    if a.one:
+        return one(a.one == "on", a.batch, a.seq, a.steps)
     rows = []
     for ckpt in (False, True):
         before = dense_gflops()

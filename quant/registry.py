@@ -35,6 +35,7 @@ from .ggml import (
     quantize_q5_1,
     quantize_q8_0,
 )
+from .halves import dequantize_bf16, dequantize_f16, quantize_bf16, quantize_f16
 from .kquant_encode import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .kquants import (
     dequantize_q2_k,
@@ -89,6 +90,7 @@ class Format:
     double_quant: bool = False  # takes double quantization of its absmax
     code_dtype: np.dtype = np.dtype(np.uint8)
     codebook: np.ndarray | None = None  # values of 4-bit codes, for table formats
+    float16: bool = False      # 16-bit floats as such (F16, BF16): no scales, no grid to keep
 
     @property
     def gguf_name(self):
@@ -106,10 +108,14 @@ def _blockwise(name, code_bits, codec, **kw):
     return Format(name, FLAT, layout, 64, BLOCK_SIZES, codec[0], codec[1], **kw)
 
 
-def _ggml(gguf_type, layout, codec):
+def _ggml(gguf_type, layout, codec, **kw):
     quantizable = codec[0] is not None
     return Format(gguf_type.name.lower(), GGML_ROWS, layout, layout.elems, (layout.elems,),
-                  codec[0], codec[1], gguf_type=gguf_type, quantizable=quantizable)
+                  codec[0], codec[1], gguf_type=gguf_type, quantizable=quantizable, **kw)
+
+
+# F16 / BF16 rows as 32-value "blocks" of their 64 bytes (quant/halves.py).
+_HALVES = BlockLayout(32, 64, 16)
 
 
 REGISTRY = {f.name: f for f in (
@@ -141,6 +147,8 @@ REGISTRY = {f.name: f for f in (
     _ggml(GGML.Q6_K, BlockLayout(256, 210, 6, codes_at=0, scale_at=208, high_bits_at=128,
                                  sub_scales_at=192, sub_elems=16),
           (quantize_q6_k, dequantize_q6_k)),
+    _ggml(GGML.F16, _HALVES, (quantize_f16, dequantize_f16), float16=True),
+    _ggml(GGML.BF16, _HALVES, (quantize_bf16, dequantize_bf16), float16=True),
 )}
 
 FORMATS = tuple(REGISTRY)

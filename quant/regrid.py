@@ -50,7 +50,7 @@ class BitMap(NamedTuple):
 def bit_map(fmt) -> BitMap:
     """The BitMap of format `fmt`, probed once."""
     entry = REGISTRY[fmt]
-    if entry.storage != GGML_ROWS or not entry.quantizable:
+    if entry.storage != GGML_ROWS or not entry.quantizable or entry.float16:
         raise QuantError(f"{fmt}: no stored grid to re-quantize onto")
     layout = entry.layout
     rng = np.random.default_rng(0)

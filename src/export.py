@@ -9,12 +9,12 @@ import numpy as np
 from .adapters.deltas import AdapterDeltas
 from .errors import ModelError
 from .fileio import atomic_path, write_json
-from .models.files import float32_to_bf16
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
 from .models.tensors import PROJECTIONS, model_tensors
 from .quant import REGISTRY, save_packed
 from .quant import quantize as quantize_fn
+from .quant.halves import float32_to_bf16
 
 _PROJECTION_WEIGHTS = tuple(f".{p}.weight" for p in PROJECTIONS)
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),

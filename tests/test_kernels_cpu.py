@@ -37,6 +37,9 @@ CASES = [
     ("q4_k", None, None, [(7, 512), (1, 256)]),
     ("q5_k", None, None, [(5, 256)]),
     ("q6_k", None, None, [(7, 512), (1, 256)]),
+    # 16-bit floats kept in 16 bits (subnormal halves in row 0, zeros in row 1)
+    ("f16", None, None, [(7, 96), (1, 32)]),
+    ("bf16", None, None, [(7, 96), (3, 64)]),
 ]
 KQUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 PARAMS = [(f, dq, bs, s) for f, dq, bs, shapes in CASES for s in shapes]

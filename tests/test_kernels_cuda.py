@@ -9,7 +9,8 @@ import pytest
 from gguf_blocks import random_packed
 
 VARIANTS = [("nf4", False), ("nf4", True), ("fp4", False), ("fp4", True), ("int8", False),
-            ("q4_0", False), ("q4_1", False), ("q8_0", False), ("q5_0", False), ("q5_1", False)]
+            ("q4_0", False), ("q4_1", False), ("q8_0", False), ("q5_0", False), ("q5_1", False),
+            ("f16", False), ("bf16", False)]
 SHAPES = [(1, 33, 96), (7, 64, 32), (9, 1, 96)]  # (M, N, K)
 # ggml super-blocks of 256 (random bytes with small fp16 scales: not quantized from float here)
 KQUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
@@ -113,7 +114,10 @@ def _sim_gather(quantize, rng):
     from packlora.kernels.cuda.rows import gather_rows
     errs = {}
     for fmt, dq in VARIANTS:
-        w = quantize(rng.standard_normal((9, 96)).astype(np.float32), fmt, double_quant=dq)
+        x = rng.standard_normal((9, 96)).astype(np.float32)
+        x[0] *= {"f16": 1e-6, "bf16": 1e-39}.get(fmt, 1.0)  # subnormal 16-bit floats
+        x[3, :7] = [0.0, -0.0, 1e4, -3e4, 1.0, -1.0, 0.5]
+        w = quantize(x, fmt, double_quant=dq)
         rows = np.array([7, 0, 7, 3], dtype=np.int64)
         out = gather_rows(w, rows, np.empty((4, 96), np.float32))
         errs[fmt + ("_dq" if dq else "")] = _rel_err(out, w.dequantize()[rows])

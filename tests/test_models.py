@@ -122,7 +122,8 @@ QUANTS = {"none": "none", "nf4_dq": {"format": "nf4", "double_quant": True},
 HF_CASES = ([(a, "f32", q) for a in ARCHS for q in QUANTS]
             + [("llama", "bf16", "none"), ("qwen3", "bf16", "nf4_dq"), ("qwen2", "sharded", "none"),
                ("llama3", "sharded", "int8")])
-GGUF_CASES = [(a, f"gguf_{q}", "none") for a in GGUF_ARCHS for q in ("q8_0", "q4_0", "q4_1")]
+GGUF_CASES = ([(a, f"gguf_{q}", "none") for a in GGUF_ARCHS for q in ("q8_0", "q4_0", "q4_1")]
+              + [("llama", "gguf_f16", "none"), ("qwen2", "gguf_bf16", "none")])
 
 
 def _ids(seed=1, b=B, t=T):
@@ -189,6 +190,22 @@ def test_logits_and_loss_match_reference(files, arch, kind, qname):
     labels[1, -3:] = -100
     loss = model.loss(ids, labels).item()
     assert loss == pytest.approx(reference_loss(ref, labels), rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["gguf_f16", "gguf_bf16"])
+def test_16bit_gguf_kept_16bit_or_quantized_as_asked(files, kind):
+    """F16 / BF16 linear weights stay 16-bit at rest under quant "none" (the test above checks
+    their logits) and take the run's format otherwise; the embedding stays 16-bit, norms
+    float32. The planner prices what the loader holds."""
+    path, _ = files("llama", kind)
+    model = load_model(path, quant="nf4")
+    assert model.model.layers[0].self_attn.q_proj.weight.format == "nf4"
+    emb = model.model.embed_tokens.weight
+    assert emb.format == kind[5:] and emb.nbytes == 2 * emb.numel
+    assert isinstance(model.model.norm.weight, Tensor)
+    none = load_model(path, quant="none")
+    w = none.model.layers[0].mlp.down_proj.weight
+    assert w.format == kind[5:] and w.nbytes == 2 * w.numel
 
 
 def test_quantized_differs_from_float(files):

@@ -25,6 +25,7 @@ from packlora.quant import (
     FP4_CODE,
     NF4_CODE,
     QUANTIZABLE,
+    REGISTRY,
     PackedWeight,
     bits_per_weight,
     dequantize_absmax,
@@ -261,7 +262,7 @@ def test_float64_and_float16_inputs():
 def test_packed_nbytes_equals_nbytes_everywhere():
     for fmt in QUANTIZABLE:
         for dq in ((False, True) if fmt in ("nf4", "fp4") else (False,)):
-            for bs in ((None, 32, 128, 4096) if not fmt.startswith("q") else (None,)):
+            for bs in (None,) if REGISTRY[fmt].fixed_block else (None, 32, 128, 4096):
                 wide = fmt.endswith("_k")  # K-quants: rows of whole 256-value super-blocks
                 for shape in ((33, 256), (1, 512), (5, 4352)) if wide else (
                         (33, 64), (1, 96), (5, 4128)):
@@ -298,7 +299,7 @@ def test_bad_inputs_rejected():
     x = np.ones((4, 64), F32)
     with pytest.raises(QuantError, match="q2_k .*load them packed, or quantize to one of: "
                                          "nf4, fp4, int8, q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, "
-                                         "q5_k, q6_k$"):
+                                         "q5_k, q6_k, f16, bf16$"):
         quantize(np.ones((4, 256), F32), "q2_k", name="w")
     with pytest.raises(QuantError, match="multiple of 32"):
         quantize(np.ones((4, 40), F32), "q4_0", name="w")

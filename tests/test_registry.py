@@ -40,6 +40,9 @@ def test_registry_names_are_the_public_formats():
 @pytest.mark.parametrize("entry", GGUF_ENTRIES, ids=lambda f: f.name)
 def test_gguf_block_layout_matches_gguf(entry):
     elems, nbytes = GGML_QUANT_SIZES[entry.gguf_type]
+    if entry.float16:  # gguf's F16 / BF16 "blocks" are single values; ours runs of 32 of them
+        assert (elems, nbytes) == (1, 2) and entry.layout.elems % 32 == 0
+        elems, nbytes = entry.layout.elems, entry.layout.elems * nbytes
     assert (entry.layout.elems, entry.layout.nbytes) == (elems, nbytes)
     assert entry.name == entry.gguf_type.name.lower() == entry.gguf_name.lower()
     assert entry.block_sizes == (elems,) and entry.default_block_size == elems
@@ -55,7 +58,9 @@ def test_gguf_block_layout_matches_gguf(entry):
 def test_gguf_reference_codec_is_gguf_quants(entry):
     x = np.random.default_rng(3).standard_normal((4, 2 * entry.layout.elems)).astype(np.float32)
     buffers = entry.quantize(entry, x, entry.default_block_size, False, "w")
-    np.testing.assert_array_equal(buffers["blocks"], gguf.quants.quantize(x, entry.gguf_type))
+    want = np.asarray(gguf.quants.quantize(x, entry.gguf_type))  # F16 / BF16 come as 16 bits
+    np.testing.assert_array_equal(buffers["blocks"],
+                                  want.view(np.uint8).reshape(buffers["blocks"].shape))
     got = entry.dequantize(entry, buffers, x.shape, entry.default_block_size)
     np.testing.assert_array_equal(got, gguf.quants.dequantize(buffers["blocks"],
                                                               entry.gguf_type))
@@ -94,8 +99,11 @@ def test_config_literal_is_the_registry():
 def test_loaders_and_planner_keep_the_registry_types_packed():
     assert GGUF_TYPE_NAMES == tuple(f.gguf_name for f in GGUF_ENTRIES)
     for name in GGUF_TYPE_NAMES:  # the loader and the planner share gguf_packed_format
-        assert gguf_packed_format(name) == BY_GGUF_NAME[name].name
-    assert gguf_packed_format("IQ2_XS") is None and gguf_packed_format("F32") is None
+        assert gguf_packed_format(name, (64, 256)) == BY_GGUF_NAME[name].name
+    assert gguf_packed_format("IQ2_XS", (64, 256)) is None
+    assert gguf_packed_format("F32", (64, 256)) is None
+    # 16-bit floats stay 16-bit as rows of whole 32-blocks; norms and odd rows become float32
+    assert gguf_packed_format("F16", (8,)) is None and gguf_packed_format("BF16", (4, 33)) is None
     assert set(GGUF_TYPE_NAMES) <= set(SUPPORTED_TENSOR_TYPES)
 
 

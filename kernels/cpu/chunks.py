@@ -23,8 +23,10 @@ VALUES = ("q4_0",   # 16 bytes: value j in the low nibble of byte j, j + 16 in t
           "q5",     # q4 nibbles + bit j of the uint32 at high_at as bit 4 of value j, - offset
           "i8",     # 32 signed bytes
           "tab4",   # 16 bytes: value 2i in the high nibble of byte i, 2i+1 in the low; a table
-          "planes")  # K-quants: value l = (byte l >> plane) & (2^code_bits - 1) of 32 bytes, or'd
+          "planes",  # K-quants: value l = (byte l >> plane) & (2^code_bits - 1) of 32 bytes, or'd
 #                     with high_bits bits of byte l at high_at (>> high_shift) above, - offset
+          "f16",     # 32 little-endian IEEE halves (64 bytes)
+          "bf16")    # 32 little-endian bfloat16 (64 bytes): the high halves of float32s
 SCALES = ("f16",      # the block header's fp16 d
           "f16_min",  # fp16 d and fp16 m: d * q + m
           "absmax",   # the absmax of flat block (g0 + c) >> sh
@@ -33,7 +35,8 @@ SCALES = ("f16",      # the block header's fp16 d
           "k4",       # Q4_K/Q5_K: d * sc - dmin * mn, 6-bit (sc, mn) packed in 12 bytes
           "k6",       # Q6_K: d * int8 scale, one per 16 lanes
           "k2",       # Q2_K: d * (s & 15) - dmin * (s >> 4), a byte s per 16 lanes
-          "k3")       # Q3_K: d * (sc - 32), 6-bit sc per 16 lanes packed in 12 bytes
+          "k3",       # Q3_K: d * (sc - 32), 6-bit sc per 16 lanes packed in 12 bytes
+          "one")      # none: the values are the weights (F16, BF16)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,13 @@ def ggml_layout(name, values, scale):
 def flat_layout(name, values, scale):
     """A flat format's codes seen as one-chunk blocks of 32 codes (scales in their own buffer)."""
     return ChunkLayout(values, scale, LANES * REGISTRY[name].layout.code_bits // 8, (Chunk(0),))
+
+
+def half_layout(name):
+    """F16 / BF16: one chunk of 32 16-bit floats per 64-byte "block", no scale."""
+    lay = REGISTRY[name].layout
+    assert lay.elems == LANES and lay.code_bits == 16, f"{name}: not 32 16-bit values per block"
+    return ChunkLayout(name, "one", lay.nbytes, (Chunk(lay.codes_at),))
 
 
 def q5_layout(name, scale):

@@ -21,8 +21,8 @@ from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 from . import simd_ir as irb
-from .chunks import LANES, flat_layout, ggml_layout, kquant_layouts, q5_layout
-from .simd_values import plane_values, q5_values, sub_scale_min
+from .chunks import LANES, flat_layout, ggml_layout, half_layout, kquant_layouts, q5_layout
+from .simd_values import half_values, plane_values, q5_values, sub_scale_min
 
 # Chunk kinds (how 32 consecutive values are stored): indices into LAYOUTS.
 Q4_0, Q4_1, Q8_0 = 0, 1, 2  # ggml blocks: fp16 d [, fp16 m], then the codes
@@ -31,17 +31,19 @@ TAB4DQ = 4  # the same with double-quantized absmax
 I8 = 5      # 32 signed bytes, absmax / 127
 Q5_0, Q5_1 = 6, 7  # ggml 5-bit blocks of 32
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 8, 9, 10, 11, 12  # K-quant super-blocks of 256: eight chunks
+F16, BF16 = 13, 14  # 16-bit floats as stored, no scale
 _KQ = kquant_layouts()
 LAYOUTS = (ggml_layout("q4_0", "q4_0", "f16"), ggml_layout("q4_1", "q4", "f16_min"),
            ggml_layout("q8_0", "i8", "f16"), flat_layout("nf4", "tab4", "absmax"),
            flat_layout("nf4", "tab4", "absmax_dq"), flat_layout("int8", "i8", "absmax_127"),
            q5_layout("q5_0", "f16"), q5_layout("q5_1", "f16_min"),
-           *(_KQ[n] for n in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")))
+           *(_KQ[n] for n in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")),
+           half_layout("f16"), half_layout("bf16"))
 KINDS = tuple(range(len(LAYOUTS)))
 # The chunk kind each format of the registry is walked as (TAB4 turns TAB4DQ with double quant).
 FORMAT_KINDS = {"q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0, "nf4": TAB4, "fp4": TAB4, "int8": I8,
                 "q5_0": Q5_0, "q5_1": Q5_1, "q2_k": Q2_K, "q3_k": Q3_K, "q4_k": Q4_K,
-                "q5_k": Q5_K, "q6_k": Q6_K}
+                "q5_k": Q5_K, "q6_k": Q6_K, "f16": F16, "bf16": BF16}
 DECODE, DOT, AXPY = 0, 1, 2
 
 def chunk_kind(fmt, double_quant):
@@ -100,6 +102,9 @@ def _values(b, lay, chunk, codes, head, tab, variant):
         return plane_values(b, lay, chunk, codes, head)
     if lay.values == "q5":
         return q5_values(b, lay, chunk, codes, head)
+    if lay.values in ("f16", "bf16"):
+        return half_values(b, lay.values, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at),
+                                                  irb.I8))
     values = lay.values
     p = irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8)
     if values == "i8":
@@ -124,6 +129,8 @@ def _scale_min(b, lay, chunk, src, head, blk):
     codes, absmax, aq, acode, ascale, aoff = src
     if lay.scale in ("k2", "k3", "k4", "k6"):
         return sub_scale_min(b, lay, chunk, codes, head)
+    if lay.scale == "one":  # -0.0: x + -0.0 is x, so the scale and min fold away
+        return ir.Constant(irb.F32, 1.0), ir.Constant(irb.F32, -0.0)
     if lay.scale == "f16_min":
         return irb.half(b, codes, irb.plus(b, head, lay.scale_at)), irb.half(b, codes,
                                                                   irb.plus(b, head, lay.min_at))

@@ -1,5 +1,6 @@
-"""SIMD walker parts for the 5-bit ggml blocks and the K-quant super-blocks (chunks.py): the 32
-codes of a chunk from its bit planes, and its sub-block scales and mins.
+"""SIMD walker parts for the 5-bit ggml blocks, the K-quant super-blocks (chunks.py) and 16-bit
+floats: the 32 codes of a chunk from its bit planes (or its halves), and its sub-block scales
+and mins.
 
 Every offset here is a constant of the chunk (its block's layout), so each chunk of a
 super-block compiles to a handful of vector ops on bytes and a few scalar ones for its scales.
@@ -55,6 +56,15 @@ def q5_values(b, lay, chunk, codes, head):
                   _vconst(1, v32))
     q = b.or_(q, b.shl(b.trunc(high, _V8), _vconst(4)))
     return _to_float(b, q, lay.offset)
+
+
+def half_values(b, kind, p):
+    """32 F16 or BF16 values at byte pointer p, widened to float32."""
+    raw = irb.load(b, p, ir.VectorType(irb.I16, LANES), 2)
+    if kind == "f16":
+        return b.fpext(b.bitcast(raw, ir.VectorType(irb.F16, LANES)), irb.VF)
+    v32 = ir.VectorType(irb.I32, LANES)
+    return b.bitcast(b.shl(b.zext(raw, v32), _vconst(16, v32)), irb.VF)
 
 
 def _byte(b, codes, head, offset):

@@ -54,7 +54,7 @@ def decode_run_flat(dst, r, c, dr, dc, cnt, i, fmt, bs, dq, q, absmax, amq, amco
 
 @cuda.jit(device=True, cache=True)
 def decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
-    """q5_0 / q5_1 / K-quants: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
+    """q5_0 / q5_1 / K-quants / f16 / bf16: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
     elems, bpb = block_shape(fmt)
     row = n * (kdim // elems) * bpb
     for t in range(cnt):

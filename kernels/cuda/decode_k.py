@@ -1,14 +1,16 @@
-"""CUDA device functions for the 5-bit ggml blocks (Q5_0/Q5_1) and the K-quant super-blocks
-(Q2_K..Q6_K): one value of a block from its bytes. The value orders are quant/kquants.py's;
-every offset is the registry layout's, baked into the kernels as constants."""
+"""CUDA device functions for the 5-bit ggml blocks (Q5_0/Q5_1), the K-quant super-blocks
+(Q2_K..Q6_K) and 16-bit float rows (F16/BF16): one value of a block from its bytes. The value
+orders are quant/kquants.py's; every offset is the registry layout's, baked into the kernels
+as constants."""
 from numba import cuda, float32, int32
 
 from ...quant import REGISTRY
 from ..format_ids import FORMAT_IDS
-from .bits import half_to_float, signed_byte
+from .bits import bf16_to_float, half_to_float, signed_byte
 
-Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (
-    FORMAT_IDS[n] for n in ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
+Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16 = (
+    FORMAT_IDS[n] for n in ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "f16",
+                            "bf16"))
 _L5_0, _L5_1, _L2, _L3, _L4, _L5, _L6 = (
     REGISTRY[n].layout for n in ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
 Q5_0_BYTES, Q5_0_CODES, Q5_0_HIGH = _L5_0.nbytes, _L5_0.codes_at, _L5_0.high_bits_at
@@ -24,6 +26,9 @@ Q5_BYTES, Q5_CODES, Q5_HIGH, Q5_SC, Q5_D, Q5_M = (_L5.nbytes, _L5.codes_at, _L5.
                                                   _L5.sub_scales_at, _L5.scale_at, _L5.min_at)
 Q6_BYTES, Q6_CODES, Q6_HIGH, Q6_SC, Q6_D = (_L6.nbytes, _L6.codes_at, _L6.high_bits_at,
                                             _L6.sub_scales_at, _L6.scale_at)
+_LH = REGISTRY["f16"].layout
+HALF_ELEMS, HALF_BYTES = _LH.elems, _LH.nbytes
+assert REGISTRY["bf16"].layout == _LH
 
 assert (Q4_SC, Q4_D, Q4_M) == (Q5_SC, Q5_D, Q5_M)  # _q45_k reads both at the same bytes
 
@@ -35,6 +40,8 @@ def block_shape(fmt):
         return 32, Q5_0_BYTES
     if fmt == Q5_1:
         return 32, Q5_1_BYTES
+    if fmt == F16 or fmt == BF16:
+        return HALF_ELEMS, HALF_BYTES
     if fmt == Q2_K:
         return 256, Q2_BYTES
     if fmt == Q3_K:
@@ -113,6 +120,10 @@ def _q23_k(q, base, j, fmt):
 @cuda.jit(device=True, cache=True)
 def block_value(q, base, j, fmt):
     """Value j of the block of format `fmt` whose bytes start at q[base]."""
+    if fmt == F16:
+        return _f16(q, base + 2 * j)
+    if fmt == BF16:
+        return bf16_to_float(q[base + 2 * j], q[base + 2 * j + 1])
     if fmt == Q5_0 or fmt == Q5_1:
         return _q5(q, base, j, fmt)
     if fmt == Q4_K or fmt == Q5_K:

@@ -3,8 +3,8 @@ F32, F16, BF16 as such, the quantized types through the format registry's codecs
 import numpy as np
 from gguf import GGMLQuantizationType as GGML
 
-from ..models.files import bf16_to_float32, float32_to_bf16
 from ..quant import BY_GGUF_NAME, PackedWeight, quantize
+from ..quant.halves import bf16_to_float32, float32_to_bf16
 
 
 def decode_rows(kind, shape, data):

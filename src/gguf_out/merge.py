@@ -31,8 +31,8 @@ CHUNK_ELEMS = 1 << 20  # values merged at a time
 # (tests/test_merge_memory.py holds the merge to it).
 WORKSET_BYTES_PER_VALUE = 56
 COPY_STEP = 1 << 24  # bytes an untouched tensor is copied by
-TARGETS = (*PRESETS, *(f for f in QUANTIZABLE if REGISTRY[f].gguf_type is not None),
-           *FLOAT_TYPES)
+TARGETS = tuple(dict.fromkeys((*PRESETS, *FLOAT_TYPES, *(
+    f for f in QUANTIZABLE if REGISTRY[f].gguf_type is not None))))
 
 
 class Job:
@@ -190,7 +190,8 @@ class _Reader:
 def _on_own_grid(job):
     """Whether a merged weight goes back onto the grid it is stored on (see quant.regrid)."""
     fmt = BY_GGUF_NAME.get(job.in_type.name)
-    return job.merge and job.out_type == job.in_type and fmt is not None and fmt.quantizable
+    return (job.merge and job.out_type == job.in_type and fmt is not None and fmt.quantizable
+            and not fmt.float16)
 
 
 def _whole_in_gguf_order(base, deltas, job, reader):

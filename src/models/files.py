@@ -9,6 +9,7 @@ import numpy as np
 from safetensors import safe_open
 
 from ..errors import ModelError
+from ..quant.halves import bf16_to_float32
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
 
@@ -67,17 +68,6 @@ def _check_entry(path: Path, name: str, entry: dict, data_bytes: int) -> None:
 def has_weights(folder: Path) -> bool:
     """Whether a Hugging Face folder holds safetensors weights (one file or a sharded index)."""
     return (folder / SINGLE_FILE).is_file() or (folder / INDEX_FILE).is_file()
-
-
-def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 stored as uint16 -> float32 (the bits become the high half)."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def float32_to_bf16(a) -> np.ndarray:
-    """float32 -> bfloat16 bits as uint16, rounded to nearest even."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 class HFFolder:

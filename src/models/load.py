@@ -40,7 +40,8 @@ class _Builder:
         under the spec's category) or a float32 Tensor."""
         with self.mem.category(spec.category):
             value = self._take(spec.name, spec.shape)
-            if spec.packed and not hasattr(value, "dequantize"):
+            if spec.packed and getattr(value, "format", None) != spec.format:
+                value = value.dequantize() if hasattr(value, "dequantize") else value
                 value = quantize_fn(value, spec.format, block_size=spec.block_size,
                                     double_quant=spec.double_quant, name=spec.name)
             if not spec.packed:

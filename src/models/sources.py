@@ -12,20 +12,26 @@ from safetensors import safe_open
 
 from ..errors import ModelError
 from ..quant import BY_GGUF_NAME, PackedWeight, load_packed
+from ..quant.halves import bf16_to_float32
 from ..quant.io import META_KEY
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
-from .files import HFFolder, bf16_to_float32, has_weights, read_json
+from .files import HFFolder, has_weights, read_json
 from .gguf_file import gguf_name, hf_name, open_gguf, qk_row_order
 from .resolve import resolve_source
 from .tensors import TensorSpec
 
 PACKED_FILE = "model.packed.safetensors"
-def gguf_packed_format(kind):
-    """The registry format a GGUF tensor of type `kind` stays packed in, or None (decoded to
-    float32)."""
+def gguf_packed_format(kind, shape):
+    """The registry format a GGUF tensor of type `kind` and shape (out, in) stays packed in, or
+    None (decoded to float32): F16 / BF16 stay 16-bit where they are rows of whole 32-value
+    blocks (linear weights, embeddings), not as norms or biases."""
     fmt = BY_GGUF_NAME.get(kind)
-    return None if fmt is None else fmt.name
+    if fmt is None:
+        return None
+    if fmt.float16 and (len(shape) != 2 or shape[1] % fmt.layout.elems):
+        return None
+    return fmt.name
 
 
 class HFSource:
@@ -70,10 +76,10 @@ class GGUFSource:
     def get(self, name):
         kind, shape, data = self.file.tensor(gguf_name(name))
         order = self._row_order(name, shape[0])
-        if gguf_packed_format(kind) is not None:
+        if gguf_packed_format(kind, shape) is not None:
             # an owned copy of the packed bytes (a memory map would be invisible to the
-            # process memory measure the report cross-checks against)
-            raw = np.array(data if order is None else data[order])
+            # process memory measure the report cross-checks against); F16 / BF16 as bytes
+            raw = np.array(data if order is None else data[order]).view(np.uint8)
             return PackedWeight.from_gguf(kind, shape, raw)
         if kind == "BF16":
             arr = bf16_to_float32(np.asarray(data))
@@ -89,7 +95,7 @@ class GGUFSource:
         out = {}
         for hf, gguf in self._names.items():
             kind, shape, _ = self.file.tensor(gguf)
-            out[hf] = TensorSpec(hf, shape, gguf_packed_format(kind))
+            out[hf] = TensorSpec(hf, shape, gguf_packed_format(kind, shape))
         return out
 
     def _row_order(self, name, rows):

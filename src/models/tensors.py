@@ -56,9 +56,11 @@ def quant_spec(quant):
 def _held(name, shape, stored, quant, category, quantize, place=None):
     """Stored-packed tensors stay as stored; float linear weights get the run's format (when
     `quantize`; a preset picks it from `place`, the weight's (projection, layer, layers));
-    everything else is float32."""
+    everything else is float32. 16-bit float weights (F16 / BF16) count as float where the run
+    quantizes them, and stay 16-bit otherwise (`quant.format: none`, embeddings, the head)."""
     kept = (stored or {}).get(name)
-    if kept is not None and kept.packed:
+    runs_format = quantize and quant["format"] is not None
+    if kept is not None and kept.packed and not (runs_format and REGISTRY[kept.format].float16):
         return replace(kept, name=name, shape=tuple(shape), category=category)
     if quantize and quant["format"] in PRESETS:
         fmt = preset_format(quant["format"], *place, shape[-1])
