@@ -67,7 +67,7 @@ def random_packed(fmt, N, K, rng):
     return PackedWeight(fmt, (N, K), bufs, 64, dq)
 
 
-def paired_times(packed, dense, budget_s=0.6, min_reps=5, max_reps=9):
+def paired_times(packed, dense, budget_s=0.6, min_reps=5, max_reps=40):
     """(packed, dense) best times, the two taking turns: on a shared machine a slow moment then
     hits both sides instead of one, and the best of several runs is the least disturbed."""
     packed(), dense()  # warm-up (compilation, page faults of the output)
@@ -210,6 +210,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1,
                     help="sweeps over all entries; each side's best time over them counts (a "
                          "slow stretch of a shared machine then has to hit every sweep)")
+    ap.add_argument("--scratch-mib", type=int, default=None,
+                    help="the device's dense scratch cap (default: the device's default)")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of " + ",".join(SHAPES))
     args = ap.parse_args(argv)
     default = QUICK_FORMATS if args.quick else FORMATS
@@ -218,6 +220,8 @@ def main(argv=None):
     names = QUICK_SHAPES if args.quick else tuple(SHAPES)
     names = args.shapes.split(",") if args.shapes else names
     dev = Device.cpu()
+    if args.scratch_mib:
+        dev.set_scratch_cap(args.scratch_mib << 20)
     rng = np.random.default_rng(0)
     rounds = []
     for _ in range(args.rounds):

@@ -194,10 +194,13 @@ def _body(context, b, op, lay, variant, pkty, pk, cb, nch, g0, sh, a, vdata, vo)
     with cgutils.for_range(b, nblk) as loop:
         head = b.add(cb, b.mul(loop.index, stride))
         c0 = loop.index if cpb == 1 else b.mul(loop.index, ir.Constant(irb.I64, cpb))
-        for j, chunk in enumerate(lay.chunks):
-            c = irb.plus(b, c0, j)
+        # every scale of the block first: read after the op's first store, LLVM would have to
+        # read the header again for each chunk (the output might alias the packed bytes)
+        cs = [irb.plus(b, c0, j) for j in range(cpb)]
+        scales = [_scale_min(b, lay, chunk, src, head, b.lshr(b.add(g0, c), sh))
+                  for chunk, c in zip(lay.chunks, cs)]
+        for chunk, c, (sc, mn) in zip(lay.chunks, cs, scales):
             vals = _values(b, lay, chunk, src[0], head, table, variant)
-            sc, mn = _scale_min(b, lay, chunk, src, head, b.lshr(b.add(g0, c), sh))
             vp = irb.ptr(b, vdata, b.add(vo, b.mul(c, ir.Constant(irb.I64, LANES))), irb.F32)
             _op(b, op, lay, vals, sc, mn, a, vp, accp, minp)
     if op == DOT:
