@@ -1,10 +1,12 @@
 """Fused causal scaled-dot-product attention with grouped KV heads (one tape node).
 
-Saves q, k, v, the output and the row log-sum-exp; the probabilities are recomputed in backward,
-so no (T x S) matrix outlives the op. Queries go in blocks of QUERY_CHUNK positions and each
-block only meets the keys it can see (a prefix), which skips most of the causally masked half
-of the scores. Every batched matmul gets operands whose last axis is contiguous: numpy only
-hands those to BLAS (a transposed view falls back to a slow loop).
+Saves q, k, v, the output and the row log-sum-exp; the probabilities are recomputed in backward
+and the causal mask is built per block, so nothing of size T x S exists beyond one block of
+scores: the op's memory grows linearly in T (flash attention's blocking). Queries go in blocks
+of QUERY_CHUNK positions and each block only meets the keys it can see (a prefix), which skips
+most of the causally masked half of the scores. Every batched matmul gets operands whose last
+axis is contiguous: numpy only hands those to BLAS (a transposed view falls back to a slow
+loop).
 """
 import math
 
@@ -44,20 +46,39 @@ def query_blocks(t, s, groups):
     return out
 
 
-def blocked_mask(xp, t, s, groups, key_valid=None, segments=None):
-    """True where a score is masked: (T*G, S), or (B, 1, T*G, S) with key_valid (B, S) marking
-    real (not padding) keys, or with segments (B, S) numbering the examples packed in a row
-    (a query sees only keys of its own example). A padding query still sees itself, so no row
-    is empty."""
-    rows = xp.repeat(xp.arange(t), groups)[:, None] + (s - t)  # (T*G, 1) query positions
-    cols = xp.arange(s)[None, :]
-    blocked = cols > rows
-    if segments is not None:  # block-diagonal: (B, 1, T*G, S)
-        q_seg = xp.repeat(segments[:, s - t:], groups, axis=1)[:, None, :, None]
-        blocked = blocked | (q_seg != segments[:, None, None, :])
-    if key_valid is None:
-        return blocked
-    return blocked | (~key_valid[:, None, None, :] & (cols != rows))
+class CausalMask:
+    """Which scores a block of query rows may not see, built block by block: the whole
+    (T*G, S) grid never exists, so the op's memory grows linearly in T. key_valid (B, S) marks
+    real (not padding) keys; segments (B, S) number the examples packed in a row (a query sees
+    only keys of its own example). A padding query still sees itself, so no row is empty."""
+
+    def __init__(self, xp, t, s, groups, key_valid=None, segments=None):
+        self.xp, self.t, self.s, self.groups = xp, t, s, groups
+        self.key_valid, self.segments = key_valid, segments
+
+    @property
+    def per_row(self):
+        """Whether masks differ between batch rows ((B, 1, rows, e) rather than (rows, e))."""
+        return self.key_valid is not None or self.segments is not None
+
+    def rows(self, sl):
+        """The mask of batch rows `sl` (a slice)."""
+        pick = (lambda a: None if a is None else a[sl])
+        return CausalMask(self.xp, self.t, self.s, self.groups, pick(self.key_valid),
+                          pick(self.segments))
+
+    def block(self, r0, r1, e):
+        """True where a score of grouped query rows [r0, r1) and keys [0, e) is masked."""
+        xp = self.xp
+        pos = (xp.arange(r0, r1) // self.groups + (self.s - self.t))[:, None]  # (rows, 1)
+        cols = xp.arange(e)[None, :]
+        blocked = cols > pos  # (rows, e)
+        if self.segments is not None:  # block-diagonal: (B, 1, rows, e)
+            q_seg = self.segments[:, pos[:, 0]][:, None, :, None]
+            blocked = blocked | (q_seg != self.segments[:, None, None, :e])
+        if self.key_valid is None:
+            return blocked
+        return blocked | (~self.key_valid[:, None, None, :e] & (cols != pos))
 
 
 class Attention(Function):
@@ -73,23 +94,23 @@ class Attention(Function):
         kc = xp.ascontiguousarray(k.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
         vv = xp.ascontiguousarray(v.transpose(0, 2, 1, 3))  # (B, Hkv, S, D)
         kt = _contig_t(xp, kc)  # (B, Hkv, D, S)
-        blocked = blocked_mask(xp, t, s, h // n_kv, key_valid, segments)
+        mask = CausalMask(xp, t, s, h // n_kv, key_valid, segments)
         og = xp.empty_like(qg)
         lse = xp.empty(qg.shape[:3] + (1,), dtype=qg.dtype)  # (B, Hkv, T*G, 1)
         for r0, r1, e in query_blocks(t, s, h // n_kv):
             sc = qg[:, :, r0:r1] @ kt[..., :e]  # (B, Hkv, rows, e)
             sc *= self.scale
-            xp.copyto(sc, -xp.inf, where=blocked[..., r0:r1, :e])
+            xp.copyto(sc, -xp.inf, where=mask.block(r0, r1, e))
             lse[:, :, r0:r1] = kernels.softmax_(xp, sc)
             og[:, :, r0:r1] = sc @ vv[:, :, :e]
         self.t = t
-        self.save(qg, kc, vv, og, lse, blocked)
+        self.save(qg, kc, vv, og, lse, mask)
         return _ungroup(og, t)
 
     def backward(self, g):
         # batch rows in slices, so the transient score blocks stay bounded
         xp = self.xp
-        qg, kc, vv, og, lse, blocked = self.saved
+        qg, kc, vv, og, lse, mask = self.saved
         b, n_kv, tg, d = qg.shape
         dog = _group_q(g, n_kv)  # (B, Hkv, T*G, D)
         rows = min(tg, QUERY_CHUNK * (tg // self.t))
@@ -98,15 +119,14 @@ class Attention(Function):
         dqg, dkc, dvv = xp.empty_like(qg), xp.empty_like(kc), xp.empty_like(vv)
         for b0 in range(0, b, step):
             sl = slice(b0, b0 + step)
-            mask = blocked[sl] if blocked.ndim == 4 else blocked
-            self._backward_rows(qg[sl], kc[sl], vv[sl], og[sl], lse[sl], mask, dog[sl],
+            self._backward_rows(qg[sl], kc[sl], vv[sl], og[sl], lse[sl], mask.rows(sl), dog[sl],
                                 dqg[sl], dkc[sl], dvv[sl])
         dq = _ungroup(dqg, self.t) if self.needs[0] else None
         dk = dkc.transpose(0, 2, 1, 3) if self.needs[1] else None  # (B, S, Hkv, D)
         dv = dvv.transpose(0, 2, 1, 3) if self.needs[2] else None
         return dq, dk, dv, None, None, None
 
-    def _backward_rows(self, qg, kc, vv, og, lse, blocked, dog, dqg, dkc, dvv):
+    def _backward_rows(self, qg, kc, vv, og, lse, mask, dog, dqg, dkc, dvv):
         """Gradients of one slice of batch rows, a query block at a time (the last block sees
         every key, so it writes dk/dv whole and earlier blocks add into a prefix). Scores are
         transposed (keys x rows) so every big matmul operand is contiguous."""
@@ -117,7 +137,7 @@ class Attention(Function):
         for i, (r0, r1, e) in enumerate(reversed(query_blocks(t, s, qg.shape[2] // t))):
             qc, dc = qg[:, :, r0:r1], dog[:, :, r0:r1]  # (b, Hkv, rows, D)
             pt = kc[:, :, :e] @ _contig_t(xp, qc)  # (b, Hkv, e, rows)
-            xp.copyto(pt, -xp.inf, where=xp.swapaxes(blocked[..., r0:r1, :e], -1, -2))
+            xp.copyto(pt, -xp.inf, where=xp.swapaxes(mask.block(r0, r1, e), -1, -2))
             kernels.probs_t_(xp, pt, self.scale, _contig_t(xp, lse[:, :, r0:r1]))
             dpt = vv[:, :, :e] @ _contig_t(xp, dc)  # (b, Hkv, e, rows)
             kernels.dscores_t_(xp, dpt, pt, _contig_t(xp, delta[:, :, r0:r1]), self.scale)
