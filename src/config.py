@@ -28,6 +28,7 @@ from .quant.registry import FIXED_BLOCK
 # quant.format: a format of the registry, a mixed preset (a format per tensor, quant/presets.py),
 # or "none" for float32 base weights.
 FormatName = Literal[(*FORMATS, *PRESETS, "none")]
+EmbeddingFormat = Literal[("auto", "float", *FORMATS)]
 
 
 def _to_float(value: Any) -> Any:
@@ -64,6 +65,10 @@ class QuantConfig(_Section):
     format: FormatName = "nf4"
     block_size: Int = Field(64, ge=16, le=4096)
     double_quant: bool = True
+    # the embedding and LM head (never LoRA-adapted here): "float" keeps them float32 (16-bit
+    # GGUF ones stay 16-bit); "auto" packs them as q8_0 when the linear weights are packed;
+    # or a format of their own
+    embeddings: EmbeddingFormat = "float"
 
     @model_validator(mode="after")
     def _gguf_block(self) -> QuantConfig:

@@ -54,8 +54,17 @@ def test_base_bytes_by_hand(fmt, bs, dq):
     cats = _plan(ov)["plan"]["categories"]
     assert cats["base_packed"] == L * sum(hand_packed(fmt, n, k, bs, dq)
                                           for n, k in SHAPES.values())
-    # embedding and untied head stay float32 (quantize=False in load.py), plus 2L+1 norms
+    # embedding and untied head stay float32 (quant.embeddings: float), plus 2L+1 norms
     assert cats["base_other"] == 2 * V * D * 4 + (2 * L + 1) * D * 4
+
+
+@pytest.mark.parametrize("fmt,embeddings,want", [("nf4", "float", "none"), ("nf4", "q4_0", "q4_0"),
+                                                 ("nf4", "auto", "q8_0"),
+                                                 ("none", "auto", "none")])
+def test_embedding_format_is_its_own_choice(fmt, embeddings, want):
+    cats = _plan([f"quant.format={fmt}", f"quant.embeddings={embeddings}"])["plan"]["categories"]
+    emb = 2 * hand_packed(want, V, D, 32, False)
+    assert cats["base_other"] == emb + (2 * L + 1) * D * 4
 
 
 def test_adapter_grads_optimizer_logits_kv_by_hand():

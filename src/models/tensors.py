@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from ..config_coerce import quant_config
 from ..quant import packed_nbytes
 from ..quant.presets import PRESETS, preset_format
-from ..quant.registry import DOUBLE_QUANT_FORMATS, REGISTRY
+from ..quant.registry import DOUBLE_QUANT_FORMATS, GGML_ROWS, REGISTRY
 
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -51,6 +51,22 @@ def quant_spec(quant):
     fmt = None if q.format == "none" else q.format
     return {"format": fmt, "block_size": q.block_size if fmt else None,
             "double_quant": bool(q.double_quant) and fmt in DOUBLE_QUANT_FORMATS}
+
+
+EMBEDDING_AUTO = "q8_0"  # quant.embeddings: auto, when the run packs its linear weights
+
+
+def embedding_spec(quant, dim):
+    """How load_model holds a float embedding / LM head of rows `dim` long, as quant_spec's dict
+    (format None: float32). A format whose blocks do not divide the rows keeps float32."""
+    q = quant_config(quant)
+    fmt = q.embeddings
+    if fmt == "auto":
+        fmt = EMBEDDING_AUTO if q.format != "none" else "float"
+    entry = REGISTRY.get(fmt)
+    if entry is None or (entry.storage == GGML_ROWS and dim % entry.layout.elems):
+        return {"format": None, "block_size": None, "double_quant": False}
+    return {"format": fmt, "block_size": entry.default_block_size, "double_quant": False}
 
 
 def _held(name, shape, stored, quant, category, quantize, place=None):
@@ -97,10 +113,11 @@ def model_tensors(cfg, quant=None, stored=None) -> list[TensorSpec]:
     to be present)."""
     q = quant_spec(quant)
     v, d = cfg.vocab_size, cfg.hidden_size
-    out = [_held("model.embed_tokens.weight", (v, d), stored, q, "base_other", False)]
+    emb = embedding_spec(quant, d)
+    out = [_held("model.embed_tokens.weight", (v, d), stored, emb, "base_other", True)]
     for i in range(cfg.num_layers):
         out += _layer_tensors(cfg, i, stored, q)
     out.append(TensorSpec("model.norm.weight", (d,)))
     if not cfg.tie_word_embeddings and (stored is None or "lm_head.weight" in stored):
-        out.append(_held("lm_head.weight", (v, d), stored, q, "base_other", False))
+        out.append(_held("lm_head.weight", (v, d), stored, emb, "base_other", True))
     return out
