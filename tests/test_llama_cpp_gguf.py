@@ -1,5 +1,6 @@
 """SmolLM2 re-quantized by llama.cpp itself (llama_model_quantize: Q4_K_M, Q5_K_M, Q6_K mixes,
-with llama.cpp's fallbacks for 576-wide rows) loads with every tensor in its stored type, gives
+with llama.cpp's fallbacks for 576-wide rows, and F16 / BF16 files, whose linear weights stay
+16-bit under quant "none") loads with every tensor in its stored type, gives
 the last-position logits of an independent float32 forward written here from the GGUF's own
 tensors (llama.cpp's layout: permuted Q/K rows, adjacent-pair RoPE), and fine-tunes."""
 import ctypes
@@ -14,7 +15,8 @@ from packlora.models import model_tensors
 from packlora.models.gguf_file import gguf_name
 from packlora.training.run import finetune
 
-FTYPES = ("q4_k_m", "q5_k_m", "q6_k")
+FTYPES = ("q4_k_m", "q5_k_m", "q6_k", "f16", "bf16")
+SIXTEEN_BIT = ("f16", "bf16")  # linear weights kept 16-bit at rest: loaded with quant "none"
 PROMPT = "The Eiffel Tower is in the city of"
 
 
@@ -93,13 +95,13 @@ def test_llama_cpp_mix_loads_packed_and_matches_a_float_forward(files, name):
     path = files[name]
     reader = gguf.GGUFReader(str(path))
     stored = {t.name: t.tensor_type.name for t in reader.tensors}
-    model = load_model(str(path), Device.cpu())
+    model = load_model(str(path), Device.cpu(), quant="none" if name in SIXTEEN_BIT else None)
     layer = model.model.layers[0]
     assert layer.mlp.down_proj.weight.format == stored["blk.0.ffn_down.weight"].lower()
     assert layer.self_attn.q_proj.weight.format == stored["blk.0.attn_q.weight"].lower()
     kinds = {v for k, v in stored.items() if k.endswith("proj.weight") or ".ffn_" in k
              or ".attn_" in k and not k.endswith("norm.weight")}
-    assert kinds & {"Q4_K", "Q5_K", "Q6_K"}                  # K-quants among the linears
+    assert kinds & ({name.upper()} if name in SIXTEEN_BIT else {"Q4_K", "Q5_K", "Q6_K"})
     ids = model.tokenizer.encode(PROMPT)
     with without_autodiff():
         got = model(np.asarray([ids])).numpy()[0, -1]
