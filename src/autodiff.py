@@ -4,6 +4,7 @@ import contextlib
 from .errors import AutodiffError, DeviceError
 
 _RECORDING = [True]
+_GRAD_HOOK = [None]  # on_complete_grad
 
 
 @contextlib.contextmanager
@@ -14,6 +15,18 @@ def without_autodiff():
         yield
     finally:
         _RECORDING.pop()
+
+
+@contextlib.contextmanager
+def on_complete_grad(hook):
+    """Within the block, hook(leaf) runs as soon as backward() has added the last contribution
+    to a leaf's gradient (every use of the leaf on the tape has been walked): the trainer
+    applies and frees each adapter gradient there (train.step_in_backward)."""
+    prev, _GRAD_HOOK[0] = _GRAD_HOOK[0], hook
+    try:
+        yield
+    finally:
+        _GRAD_HOOK[0] = prev
 
 
 def is_recording():
@@ -143,7 +156,10 @@ def backward(tensor, grad=None):
         raise AutodiffError("backward() on a tensor that is not tracked: nothing requires grad, "
                             "or it was computed without autodiff (use Device.cpu().autodiff())")
     grads = {id(tensor._fn): grad}
-    for fn in _topo_order(tensor._fn):
+    order = _topo_order(tensor._fn)
+    hook = _GRAD_HOOK[0]
+    uses = _leaf_uses(order) if hook is not None else None
+    for fn in order:
         g = grads.pop(id(fn), None)
         parents, needs = fn.parents, fn.needs
         in_grads = fn.backward(g) if g is not None else (None,) * len(parents)
@@ -157,7 +173,21 @@ def backward(tensor, grad=None):
                 grads[key] = grads[key] + gi if key in grads else gi
             else:
                 _accumulate_leaf(p, gi)
+                if uses is not None:
+                    uses[id(p)] -= 1
+                    if not uses[id(p)]:
+                        hook(p)
         parents = p = gi = None  # drop references before the next node runs
+
+
+def _leaf_uses(order):
+    """{id(leaf): how many gradient contributions it will receive} over the tape `order`."""
+    uses = {}
+    for fn in order:
+        for p, need in zip(fn.parents, fn.needs):
+            if need and p is not None and not isinstance(p, Function):
+                uses[id(p)] = uses.get(id(p), 0) + 1
+    return uses
 
 
 def _accumulate_leaf(leaf, g):

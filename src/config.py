@@ -65,9 +65,8 @@ class QuantConfig(_Section):
     format: FormatName = "nf4"
     block_size: Int = Field(64, ge=16, le=4096)
     double_quant: bool = True
-    # the embedding and LM head (never LoRA-adapted here): "float" keeps them float32 (16-bit
-    # GGUF ones stay 16-bit); "auto" packs them as q8_0 when the linear weights are packed;
-    # or a format of their own
+    # the embedding and LM head: "float" (float32; 16-bit GGUF ones stay 16-bit), "auto" (q8_0
+    # when the linear weights are packed) or a format of their own
     embeddings: EmbeddingFormat = "float"
 
     @model_validator(mode="after")
@@ -187,6 +186,9 @@ class TrainConfig(_Section):
     betas: tuple[Num, Num] = (0.9, 0.999)
     eps: Num = Field(1.0e-8, gt=0)
     max_grad_norm: Num | None = Field(1.0, gt=0)
+    # apply each adapter gradient the moment backward completes it, and free it: no step holds
+    # every gradient at once (grad_accum 1 only; no global norm exists to clip by)
+    step_in_backward: bool = False
     grad_checkpointing: bool = False
     eval_every: Int = Field(50, ge=0)
     save_every: Int = Field(50, ge=0)
@@ -215,6 +217,12 @@ class TrainConfig(_Section):
                 self.warmup_steps = 0
             elif self.warmup_steps:
                 raise ValueError("set either warmup_steps or warmup_ratio, not both")
+        if self.step_in_backward and self.grad_accum > 1:
+            raise ValueError("step_in_backward applies each gradient as backward completes it; "
+                             "it needs grad_accum: 1")
+        if self.step_in_backward and self.max_grad_norm is not None:
+            raise ValueError("step_in_backward applies each gradient before the global norm "
+                             "exists: set max_grad_norm: null (no clipping)")
         return self
 
     def total_steps(self, steps_per_epoch: int) -> int:

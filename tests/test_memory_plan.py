@@ -80,6 +80,18 @@ def test_adapter_grads_optimizer_logits_kv_by_hand():
     assert rep["plan"]["activations_detail"]["logits_full"] == m * V * 4
 
 
+def test_step_in_backward_plans_one_blocks_grads():
+    """train.step_in_backward frees each adapter gradient as it is applied: the grads category
+    is one block's adapters, and the optimizer step holds none."""
+    ov = ["data.max_seq_len=32", "train.batch_size=3", "train.step_in_backward=true",
+          "train.max_grad_norm=null"]
+    plan = _plan(ov)["plan"]
+    adapters = L * 4 * sum(n + k for n, k in SHAPES.values()) * 4
+    assert plan["categories"]["adapters"] == adapters
+    assert plan["categories"]["grads"] == adapters // L
+    assert _plan(ov[:2])["plan"]["categories"]["grads"] == adapters
+
+
 def hand_block(b, t, r, input_tracked):
     """Activation bytes one decoder block keeps for backward (all-linear LoRA, no dropout).
     The tape keeps only what ops save, never an intermediate just because it was an input."""

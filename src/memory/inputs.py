@@ -33,6 +33,7 @@ class PlanInputs:
     grad_accum: int = 1
     packed: bool = False  # data.packing: the attention mask is per row
     state_bits: int = 32  # AdamW's moments: 32 (adamw) or 8 (adamw_8bit)
+    step_in_backward: bool = False  # train.step_in_backward: each grad freed as it completes
     device: str = "cpu"
     scratch_cap: int = DEFAULT_SCRATCH_CAP
     ranks: int = 1  # data-parallel ranks: `batch` is then this rank's share of the global batch
@@ -128,6 +129,7 @@ def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
                                 else grad_checkpointing),
         loss_chunk=int(tr.loss_chunk), grad_accum=int(tr.grad_accum),
         packed=bool(run.data.packing), state_bits=STATE_BITS[tr.optimizer],
+        step_in_backward=bool(tr.step_in_backward),
         device=run.device.split(":")[0],
         scratch_cap=int(scratch_cap or run.scratch_mib << 20))
     inputs.run = {"model": path, "device": run.device, "quant": quant_spec(run.quant),

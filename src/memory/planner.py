@@ -98,8 +98,8 @@ def allreduce_bytes(inp):
     return sum(ad.params for ad in inp.adapters.values()) * F32 if inp.ranks > 1 else 0
 
 
-def _grads_after(inp, i):
-    """Adapter gradient bytes of blocks > i (the head's adapters count as the last block)."""
+def _grads_per_block(inp):
+    """Adapter gradient bytes of each block, the head's adapters last (index num_layers)."""
     per = getattr(inp, "_grads_per_block", None)
     if per is None:
         per = [0] * (inp.model.num_layers + 1)
@@ -107,7 +107,20 @@ def _grads_after(inp, i):
             layer = layer_index(path)
             per[-1 if layer is None else layer] += ad.params * F32
         inp._grads_per_block = per
-    return sum(per[i + 1:])
+    return per
+
+
+def _grads_after(inp, i):
+    """Adapter gradient bytes of blocks > i (the head's adapters count as the last block)."""
+    return sum(_grads_per_block(inp)[i + 1:])
+
+
+def _grads_live(inp, i):
+    """Adapter gradient bytes alive while block i runs its backward: every later block's, or
+    only block i's own when train.step_in_backward applies and frees each as it completes."""
+    if inp.step_in_backward:
+        return _grads_per_block(inp)[i]
+    return _grads_after(inp, i)
 
 
 # ----------------------------------------------------------------------------- timeline
@@ -132,7 +145,7 @@ def timeline(inp, checkpointing):
     # while the loss runs, its input (the final norm's output) is live next to dh and a chunk
     out = [moment("forward end (LM head + loss)", g.held() + md, accum, logits)]
     for i in reversed(range(cfg.num_layers)):
-        grads = max(accum, _grads_after(inp, i))
+        grads = max(accum, _grads_live(inp, i))
         if checkpointing:
             rec, _ = bm.recompute(i, i > 0)
             after = md if i < cfg.num_layers - 1 else 0
@@ -142,21 +155,25 @@ def timeline(inp, checkpointing):
                               grads + after))
         else:
             out.append(moment(f"backward (block {i})", g.held(i), grads))
-    out.append(moment("optimizer step", 0, grads_all))
+    out.append(moment("optimizer step", 0, 0 if inp.step_in_backward else grads_all))
     return out
 
 
 def grads_peak(inp, checkpointing):
     """The grads category's own peak: with checkpointing a block's input grad is a tracked leaf
     too (x.grad inside the recompute, plus the incoming one)."""
-    total = _grads_after(inp, -1)
+    n = inp.model.num_layers
+    if inp.step_in_backward:  # one block's at a time (the head's adapters are the last block's)
+        total = max(_grads_per_block(inp))
+    else:
+        total = _grads_after(inp, -1)
     if not checkpointing:
         return total
     md = inp.tokens * inp.model.hidden_size * F32
-    n = inp.model.num_layers
     best = total + (md if n > 1 else 0)
     for i in range(1, n):
-        best = max(best, _grads_after(inp, i - 1) + md + (md if i < n - 1 else 0))
+        held = _grads_live(inp, i - 1) if inp.step_in_backward else _grads_after(inp, i - 1)
+        best = max(best, held + md + (md if i < n - 1 else 0))
     return best
 
 

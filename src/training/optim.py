@@ -28,26 +28,34 @@ class AdamW:
 
     def step(self, lr=None):
         """One update from each parameter's .grad (parameters without a grad are skipped)."""
-        lr = self.lr if lr is None else float(lr)
+        self.begin_step(lr)
+        for name, p in self.params:
+            if p.grad is not None:
+                self.update(name, p)
+
+    def begin_step(self, lr=None):
+        """Start step t + 1 at learning rate lr; update() then applies each parameter's grad
+        (step() does both; the trainer's step_in_backward calls update() as grads complete)."""
+        self._lr = self.lr if lr is None else float(lr)
         self.t += 1
+
+    def update(self, name, p):
+        """Apply p.grad to parameter `name` (p) for the step begin_step started."""
+        lr = self._lr
         c1 = 1.0 - self.b1 ** self.t
         c2 = 1.0 - self.b2 ** self.t
-        step_size = lr / c1
-        for name, p in self.params:
-            if p.grad is None:
-                continue
-            g, m, v, w = p.grad.data, self.m[name].load(), self.v[name].load(), p.data
-            if self.weight_decay:
-                w *= 1.0 - lr * self.weight_decay
-            m *= self.b1
-            m += (1.0 - self.b1) * g
-            v *= self.b2
-            v += (1.0 - self.b2) * (g * g)
-            self.m[name].store(m)
-            self.v[name].store(v)
-            denom = self.xp.sqrt(v / c2)
-            denom += self.eps
-            w -= step_size * (m / denom)
+        g, m, v, w = p.grad.data, self.m[name].load(), self.v[name].load(), p.data
+        if self.weight_decay:
+            w *= 1.0 - lr * self.weight_decay
+        m *= self.b1
+        m += (1.0 - self.b1) * g
+        v *= self.b2
+        v += (1.0 - self.b2) * (g * g)
+        self.m[name].store(m)
+        self.v[name].store(v)
+        denom = self.xp.sqrt(v / c2)
+        denom += self.eps
+        w -= (lr / c1) * (m / denom)
 
     def zero_grad(self):
         for _, p in self.params:

@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-from ..autodiff import without_autodiff
+from ..autodiff import on_complete_grad, without_autodiff
 from ..data import Batches
 from ..errors import TrainingError
 from .checkpoints import load_checkpoint, resume_candidates, save_checkpoint
@@ -54,7 +54,11 @@ class Trainer:
         self.opt = AdamW(params, cfg.lr, tuple(cfg.betas), cfg.eps, cfg.weight_decay,
                          STATE_BITS[cfg.optimizer])
         self.flat = None  # the one float32 buffer the gradients are summed over ranks in
+        self._names = {id(p): n for n, p in params}  # step_in_backward: which leaves to apply
         if self.world.size > 1:
+            if cfg.step_in_backward:
+                raise TrainingError("train.step_in_backward cannot run over several ranks: their "
+                                    "gradients are summed after backward; turn it off")
             check_global_batch(cfg.batch_size, self.world.size)
             with self.device.memory.category("workspace"):
                 self.flat = self.device.memory.track(self.device.xp.empty(
@@ -136,6 +140,10 @@ class Trainer:
         counts = [int((batch[1] != -100).sum()) for batch in window]
         targets, tokens = world.sum_scalars(sum(counts), sum(int(b[0].size) for b in window))
         loss_sum = 0.0
+        lr = self.schedule(self.step + 1)
+        if cfg.step_in_backward:
+            self.opt.begin_step(lr)
+            self._grad_sq = 0.0
         for (ids, labels, *segments), n in zip(window, counts):
             if n == 0:
                 continue  # no targets: nothing to learn from these rows
@@ -145,19 +153,50 @@ class Trainer:
                 value = loss.item()
                 if not math.isfinite(value):
                     raise TrainingError(self._bad_loss_message(value))
-                loss.backward(xp.asarray(n / max(targets, 1), dtype=np.float32))
+                self._backward(loss, xp.asarray(n / max(targets, 1), dtype=np.float32))
             loss_sum += value * n
         (loss_sum,) = world.sum_scalars(loss_sum)
-        world.sum_grads(self.opt.params, self.flat)
-        norm = clip_grad_norm(self.opt.params, cfg.max_grad_norm)
-        if not math.isfinite(norm):
-            raise TrainingError(self._bad_loss_message(norm, "gradient norm"))
-        lr = self.schedule(self.step + 1)
-        with mem.category("optimizer"):
-            self.opt.step(lr)
+        if cfg.step_in_backward:
+            for _, p in self.opt.params:  # a grad the tape never reported complete
+                if p.grad is not None:
+                    self._apply_now(p)
+            norm = math.sqrt(self._grad_sq)
+        else:
+            norm = self._clip_and_step(lr)
         self.opt.zero_grad()
         self.step += 1
         return loss_sum / max(targets, 1), lr, norm, int(tokens), int(targets)
+
+    def _backward(self, loss, scale):
+        if not self.cfg.step_in_backward:
+            return loss.backward(scale)
+        with on_complete_grad(self._apply_now):
+            loss.backward(scale)
+
+    def _apply_now(self, p):
+        """step_in_backward: apply a complete adapter gradient and free it (other leaves, such
+        as a checkpointed block's input, are left to their owner)."""
+        name = self._names.get(id(p))
+        if name is None:
+            return
+        g = p.grad.data
+        sq = float((g * g).sum(dtype=np.float64))
+        if not math.isfinite(sq):
+            raise TrainingError(self._bad_loss_message(sq, "gradient norm"))
+        self._grad_sq += sq
+        with self.device.memory.category("optimizer"):
+            self.opt.update(name, p)
+        p.grad = None
+
+    def _clip_and_step(self, lr):
+        """Sum over ranks, clip by the global norm, one optimizer step; returns the norm."""
+        self.world.sum_grads(self.opt.params, self.flat)
+        norm = clip_grad_norm(self.opt.params, self.cfg.max_grad_norm)
+        if not math.isfinite(norm):
+            raise TrainingError(self._bad_loss_message(norm, "gradient norm"))
+        with self.device.memory.category("optimizer"):
+            self.opt.step(lr)
+        return norm
 
     def _bad_loss_message(self, value, what="loss"):
         where = f" in {self.output_dir}/checkpoints" if self.output_dir else ""
