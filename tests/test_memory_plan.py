@@ -271,7 +271,23 @@ def test_cli_json_and_plot(tiny_run, tmp_path, capsys):
         assert alt["peak_bytes"] > 0 and alt["ratio_to_packlora"] > 0
     assert png.stat().st_size > 1000
     assert main(["memory-report", str(cfg)]) == 0
-    assert "price of dense expansion" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "price of dense expansion" in out and "RAM this run needs" in out
+
+
+def test_process_overhead_measured_once_and_added(tmp_path, monkeypatch):
+    """The report adds what the process holds itself — measured by a tiny training step in a
+    fresh interpreter, once per machine (cached) — to the plan: the RAM the run needs."""
+    from packlora.memory import process
+    from packlora.memory.report import report_dict
+    monkeypatch.setenv("PACKLORA_CACHE", str(tmp_path))
+    rep = report_dict(TINY, ["lora.targets=all-linear", "lora.rank=4"])
+    extra = rep["process"]["bytes"]
+    assert 100 << 20 < extra < 2 << 30  # an interpreter with numpy, Numba and its kernels
+    assert rep["process"]["rss_estimate_bytes"] == rep["plan"]["peak_bytes"] + extra
+    assert len(list(tmp_path.glob("process-*.json"))) == 1
+    monkeypatch.setattr(process.subprocess, "run", None)  # a second report reads the cache
+    assert report_dict(TINY, [])["process"]["bytes"] == extra
 
 
 @pytest.mark.parametrize("iters", [1, 2])

@@ -8,6 +8,7 @@ from ..errors import ConfigError
 from ..tracker import CATEGORIES
 from .measurement import measure as run_measure
 from .planner import plan
+from .process import process_overhead_bytes
 
 _ALT_NAMES = {"whole_model_fp32": "whole base dense, float32",
               "whole_model_bf16": "whole base dense, bfloat16",
@@ -26,8 +27,22 @@ def report_dict(config, overrides=(), measure=False, steps=2, ranks=1):
         if ranks > 1:
             raise ConfigError("--measure runs one process; measure a data-parallel run by "
                               "running it under mpiexec (metrics.jsonl records each step's peaks)")
-        return run_measure(config, steps, overrides)
-    return plan(config, overrides, ranks=ranks)
+        rep = run_measure(config, steps, overrides)
+    else:
+        rep = plan(config, overrides, ranks=ranks)
+    add_process(rep)
+    return rep
+
+
+def add_process(rep):
+    """On the CPU: the process's own untracked bytes and the RAM the run needs in all."""
+    if not rep["run"]["device"].startswith("cpu"):
+        return rep
+    extra = process_overhead_bytes()
+    if extra is not None:
+        rep["process"] = {"bytes": extra,
+                          "rss_estimate_bytes": rep["plan"]["peak_bytes"] + extra}
+    return rep
 
 
 def _category_table(rep):
@@ -121,6 +136,11 @@ def print_report(rep, console=None):
     for table in (_category_table(rep), _activation_table(rep), _alternatives_table(rep),
                   _merge_table(rep)):
         console.print(table)
+    proc = rep.get("process")
+    if proc:
+        console.print(f"RAM this run needs: {mib(proc['rss_estimate_bytes'])} MiB — the plan's "
+                      f"peak plus {mib(proc['bytes'])} MiB the process holds itself "
+                      "(interpreter, numpy/BLAS, Numba's kernels; measured once on this machine)")
     loftq = rep["plan"].get("loftq_init")
     if loftq:
         console.print(f"LoftQ initialisation (before training): {mib(loftq['peak_bytes'])} MiB "

@@ -1,0 +1,96 @@
+"""What the process holds beyond its tracked tensors — the interpreter, numpy and its BLAS,
+Numba's loaded kernels, allocator slack — so the report can answer "will this fit in my RAM?".
+
+Measured once per machine and software versions: a fresh interpreter trains one step of a tiny
+packed LoRA model (every kernel family loaded) and reports its resident bytes minus what the
+tracker counts. The result is cached next to the other per-machine caches."""
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from ..adapters import apply_lora
+from ..device import Device
+from ..errors import ConfigError
+from ..models import load_model
+from ..tracker import rss_now
+from ..training.optim import AdamW
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
+
+
+def _cache_file():
+    """One file per machine and software stack (a new numpy, Numba or packlora measures anew)."""
+    key = json.dumps([platform.machine(), platform.processor(), os.cpu_count(), sys.version,
+                      *(version(p) for p in ("packlora", "numpy", "numba"))])
+    root = Path(os.environ.get("PACKLORA_CACHE", Path.home() / ".cache" / "packlora"))
+    return root / f"process-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def process_overhead_bytes():
+    """The untracked bytes of a packlora training process on this machine (cached); None where
+    the resident size cannot be read (no /proc)."""
+    if rss_now() is None:
+        return None
+    path = _cache_file()
+    if path.is_file():
+        return int(json.loads(path.read_text())["bytes"])
+    proc = subprocess.run([sys.executable, "-m", "packlora.memory.process"], check=False,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise ConfigError("could not measure the process overhead (a tiny training step in a "
+                          f"fresh interpreter failed): {proc.stderr.strip().splitlines()[-1:]}")
+    nbytes = int(json.loads(proc.stdout.strip().splitlines()[-1])["bytes"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"bytes": nbytes}))
+    return nbytes
+
+
+def _tiny_folder(folder):
+    rng = np.random.default_rng(0)
+    d, f, v = TINY["hidden_size"], TINY["intermediate_size"], TINY["vocab_size"]
+    kv = d // TINY["num_attention_heads"] * TINY["num_key_value_heads"]
+    shapes = {"model.embed_tokens.weight": (v, d), "lm_head.weight": (v, d),
+              "model.norm.weight": (d,)}
+    for i in range(TINY["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        shapes.update({f"{p}.self_attn.q_proj.weight": (d, d), f"{p}.self_attn.k_proj.weight":
+                       (kv, d), f"{p}.self_attn.v_proj.weight": (kv, d),
+                       f"{p}.self_attn.o_proj.weight": (d, d), f"{p}.mlp.gate_proj.weight": (f, d),
+                       f"{p}.mlp.up_proj.weight": (f, d), f"{p}.mlp.down_proj.weight": (d, f),
+                       f"{p}.input_layernorm.weight": (d,),
+                       f"{p}.post_attention_layernorm.weight": (d,)})
+    save_file({n: (rng.standard_normal(s) * 0.05).astype(np.float32) for n, s in shapes.items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(TINY))
+
+
+def measure_in_this_process():
+    """One QLoRA step of the tiny model here; RSS minus the tracker's bytes after it."""
+    dev = Device.cpu().autodiff()
+    with tempfile.TemporaryDirectory(prefix="packlora-process-") as tmp:
+        _tiny_folder(Path(tmp))
+        model = load_model(tmp, dev, with_tokenizer=False)
+    apply_lora(model, {"targets": "all-linear", "rank": 4})
+    opt = AdamW(model.trainable())
+    ids = np.random.default_rng(1).integers(0, TINY["vocab_size"], (2, 129))
+    for m in (ids, ids[:1, :2]):  # the tiled products, then the single-row kernels
+        model.target_loss(m[:, :-1], m[:, 1:]).backward()
+        opt.step()
+        opt.zero_grad()
+    return max(0, rss_now() - dev.memory.total)
+
+
+if __name__ == "__main__":
+    print(json.dumps({"bytes": measure_in_this_process()}))
