@@ -18,7 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import packlora  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
+from packlora.models import ModelConfig, model_tensors
 
 from hostinfo import cpu_name  # bench/hostinfo.py
 
@@ -29,17 +31,8 @@ CHUNK = 1 << 24  # values generated and written at a time
 
 
 def tensors():
-    """[(HF name, shape)] of the model, in file order."""
-    d, f, v = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["vocab_size"]
-    out = [("model.embed_tokens.weight", (v, d))]
-    for i in range(CONFIG["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        out += [(f"{p}.input_layernorm.weight", (d,)),
-                *((f"{p}.self_attn.{n}_proj.weight", (d, d)) for n in "qkvo"),
-                (f"{p}.post_attention_layernorm.weight", (d,)),
-                (f"{p}.mlp.gate_proj.weight", (f, d)), (f"{p}.mlp.up_proj.weight", (f, d)),
-                (f"{p}.mlp.down_proj.weight", (d, f))]
-    return out + [("model.norm.weight", (d,)), ("lm_head.weight", (v, d))]
+    """[(HF name, shape)] of the model, in the loader's order (models.tensors, the one list)."""
+    return [(t.name, t.shape) for t in model_tensors(ModelConfig.from_hf(CONFIG), "none")]
 
 
 def write_folder(folder):

@@ -172,8 +172,7 @@ def grads_peak(inp, checkpointing):
     md = inp.tokens * inp.model.hidden_size * F32
     best = total + (md if n > 1 else 0)
     for i in range(1, n):
-        held = _grads_live(inp, i - 1) if inp.step_in_backward else _grads_after(inp, i - 1)
-        best = max(best, held + md + (md if i < n - 1 else 0))
+        best = max(best, _grads_live(inp, i - 1) + md + (md if i < n - 1 else 0))
     return best
 
 

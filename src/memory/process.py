@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 from ..adapters import apply_lora
 from ..device import Device
 from ..errors import ConfigError
-from ..models import load_model
+from ..models import ModelConfig, load_model, model_tensors
 from ..tracker import rss_now
 from ..training.optim import AdamW
 
@@ -58,20 +58,10 @@ def process_overhead_bytes():
 
 
 def _tiny_folder(folder):
+    """config.json and random float32 weights of every tensor the loader reads for TINY."""
     rng = np.random.default_rng(0)
-    d, f, v = TINY["hidden_size"], TINY["intermediate_size"], TINY["vocab_size"]
-    kv = d // TINY["num_attention_heads"] * TINY["num_key_value_heads"]
-    shapes = {"model.embed_tokens.weight": (v, d), "lm_head.weight": (v, d),
-              "model.norm.weight": (d,)}
-    for i in range(TINY["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        shapes.update({f"{p}.self_attn.q_proj.weight": (d, d), f"{p}.self_attn.k_proj.weight":
-                       (kv, d), f"{p}.self_attn.v_proj.weight": (kv, d),
-                       f"{p}.self_attn.o_proj.weight": (d, d), f"{p}.mlp.gate_proj.weight": (f, d),
-                       f"{p}.mlp.up_proj.weight": (f, d), f"{p}.mlp.down_proj.weight": (d, f),
-                       f"{p}.input_layernorm.weight": (d,),
-                       f"{p}.post_attention_layernorm.weight": (d,)})
-    save_file({n: (rng.standard_normal(s) * 0.05).astype(np.float32) for n, s in shapes.items()},
+    specs = model_tensors(ModelConfig.from_hf(TINY), quant="none")
+    save_file({t.name: (rng.standard_normal(t.shape) * 0.05).astype(np.float32) for t in specs},
               str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(TINY))
 
