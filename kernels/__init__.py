@@ -6,8 +6,10 @@ import numpy as np
 
 from ..device import DEFAULT_SCRATCH_CAP
 from ..errors import QuantError
+from .cpu import adamw8 as cpu_adamw8
 from .cpu import blas
 from .cpu import ops as cpu_ops
+from .cpu import takes
 from .cpu.ops import FUSED_MAX_M, FUSED_MAX_M_BWD
 from .cpu.tiled import column_align
 from .cpu.tiled import plan as tile_plan
@@ -159,11 +161,29 @@ def add_product(dst, a, b, device):
         dst[m0:m1] += part
 
 
+def adamw8_update(w, g, m, v, hyper):
+    """One 8-bit AdamW step in place, fused per 256-value block; False where no kernel takes
+    these arrays (the caller then runs its array expressions).
+
+    w, g: float32 weights and grad; m, v: (codes uint8 (N,), absmax float32 (N/256,), map
+    float32 (256,)) of the first and second moment; hyper: float32 decay, b1, one_b1, b2,
+    one_b2, c2, eps, step_size (see kernels/cpu/adamw8.py)."""
+    arrays = (w, g, m[0], m[1], v[0], v[1])
+    if not all(type(a) is np.ndarray and a.flags.c_contiguous for a in arrays):
+        return False
+    if not takes(np, w, g):
+        return False
+    cpu_adamw8.adamw8_update(w.reshape(-1), g.reshape(-1), m[0], m[1], v[0], v[1], m[2], v[2],
+                             *(np.float32(hyper[k]) for k in cpu_adamw8.HYPER))
+    return True
+
+
 def _cuda_rows(w, rows, out):
     return cuda_rows.gather_rows(w, rows, out)
 
 
-__all__ = ["linear_fwd", "linear_bwd", "dequantize_rows", "gather_rows", "add_product",
+__all__ = ["adamw8_update", "linear_fwd", "linear_bwd", "dequantize_rows", "gather_rows",
+           "add_product",
            "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope_rotate", "softmax_",
            "probs_t_", "dscores_t_", "ce_forward", "ce_backward_", "DEFAULT_SCRATCH_CAP",
            "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD", "column_align", "tile_plan",

@@ -4,7 +4,8 @@ import math
 
 import numpy as np
 
-from .states import make_state
+from ..kernels import adamw8_update
+from .states import BlockState8bit, make_state
 
 
 class AdamW:
@@ -44,6 +45,8 @@ class AdamW:
         lr = self._lr
         c1 = 1.0 - self.b1 ** self.t
         c2 = 1.0 - self.b2 ** self.t
+        if self._fused_8bit(name, p, lr, c1, c2):
+            return
         g, m, v, w = p.grad.data, self.m[name].load(), self.v[name].load(), p.data
         if self.weight_decay:
             w *= 1.0 - lr * self.weight_decay
@@ -56,6 +59,17 @@ class AdamW:
         denom = self.xp.sqrt(v / c2)
         denom += self.eps
         w -= (lr / c1) * (m / denom)
+
+    def _fused_8bit(self, name, p, lr, c1, c2):
+        """The same step by one fused kernel where both moments are 8-bit and a kernel takes
+        the arrays (same float32 arithmetic, in one pass per block); False otherwise."""
+        m, v = self.m[name], self.v[name]
+        if not isinstance(m, BlockState8bit):
+            return False
+        hyper = {"decay": 1.0 - lr * self.weight_decay if self.weight_decay else 1.0,
+                 "b1": self.b1, "one_b1": 1.0 - self.b1, "b2": self.b2, "one_b2": 1.0 - self.b2,
+                 "c2": c2, "eps": self.eps, "step_size": lr / c1}
+        return adamw8_update(p.data, p.grad.data, m.parts(), v.parts(), hyper)
 
     def zero_grad(self):
         for _, p in self.params:

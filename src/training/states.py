@@ -72,6 +72,10 @@ class BlockState8bit:
                                            xp)
         self.absmax[...] = absmax
 
+    def parts(self):
+        """(codes, absmax, map): what a fused update kernel reads and writes."""
+        return self.codes, self.absmax, self.code
+
     def arrays(self, key):
         return {f"{key}.codes": self.codes, f"{key}.absmax": self.absmax}
 
