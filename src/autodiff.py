@@ -45,8 +45,15 @@ class Function:
 
     `self.needs[i]` says whether input i needs a gradient; an op saves an input only when another
     input's gradient needs it (Burn's rule). `backward` returns one gradient (or None) per input.
-    Saved state is dropped right after backward runs.
+    Saved state is dropped right after backward runs. A recorded op's `parents` are set before
+    its forward runs.
+
+    An op with `remakes = True` can give its output again from what it saved (`remake()`): an op
+    that would save that output may keep the producing node instead and remake the array in its
+    backward (which runs before the producer's), so the output is freed after the forward.
     """
+
+    remakes = False
 
     __slots__ = ("device", "xp", "needs", "parents", "saved", "consumed", "__dict__")
 
@@ -72,6 +79,10 @@ class Function:
                 mem.track(a)
         self.saved = arrays
 
+    def remake(self):
+        """This op's output, computed again from its saved arrays (ops with remakes = True)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot remake its output")
+
     def release(self):
         self.saved = ()
         self.parents = ()
@@ -86,9 +97,10 @@ class Function:
         record = any(needs) and device.is_autodiff() and is_recording()
         fn = cls(device, needs if record else (False,) * len(inputs))
         arrays = [t.data if isinstance(t, Recorded) else t for t in inputs]
-        out = fn.forward(*arrays, **kwargs)
         if record:
             fn.parents = tuple(parent_ref(t) for t in inputs)
+        out = fn.forward(*arrays, **kwargs)
+        if record:
             return tensor_cls(out, device, _fn=fn)
         return tensor_cls(out, device)
 

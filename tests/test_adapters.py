@@ -6,7 +6,7 @@ import model_factory as mf
 import numpy as np
 import pytest
 from gradcheck import DEV, check
-from packlora import Tensor, without_autodiff
+from packlora import Tensor, ops, without_autodiff
 from packlora.adapters import LoraLinear, LoraMatmul, apply_lora, load_adapter, save_adapter
 from packlora.errors import ConfigError
 from packlora.memory import plan
@@ -66,6 +66,21 @@ def test_lora_gradcheck_dense_float64_base():
     bias = _leaf((N,), 4)
     check(lambda x_, a_, b_, bias_: LoraMatmul.apply(x_, a_, b_, None, bias_, weight=w,
                                                      scale=1.7), [x, a, b, bias])
+
+
+def test_lora_on_a_swiglu_output_remakes_it():
+    """The down projection's LoRA keeps the SwiGLU node, not its (M, F) output, and remakes the
+    output in backward: gradients still pass the finite-difference check, and the node saved
+    no copy of x."""
+    w = Tensor(_rand((N, 8), 0, 0.3, np.float64), DEV)
+    gate, up = _leaf((3, 8), 5), _leaf((3, 8), 6)
+    a, b = _leaf((R, 8), 2, 0.5), _leaf((N, R), 3, 0.5)
+
+    def mlp_down(g_, u_, a_, b_):
+        return LoraMatmul.apply(ops.swiglu(g_, u_), a_, b_, None, None, weight=w, scale=1.7)
+    y = mlp_down(gate, up, a, b)
+    assert y._fn.x_from is y._fn.parents[0] and y._fn.saved[0] is None
+    check(mlp_down, [gate, up, a, b])
 
 
 @pytest.mark.parametrize("fmt", ["nf4", "q4_0"])

@@ -100,7 +100,7 @@ def hand_block(b, t, r, input_tracked):
                                            # norm2 out
               + 3 * m * H * HD          # grouped q, attention out, its (B, T, H*D) copy
               + 2 * m * HKV * HD        # contiguous k and v
-              + 3 * m * F               # gate, up, silu(gate)*up
+              + 2 * m * F               # gate, up (down's LoRA remakes silu(gate)*up)
               + 7 * m * r               # x @ A.T per adapter
               + m * (2 if input_tracked else 1)  # rms factors (norm1 unrecorded in block 0)
               + b * H * t)              # attention log-sum-exp

@@ -7,7 +7,8 @@ block of its earliest holder is done. Follows src/models/llama.py and the ops it
 (tests/test_activation_tape.py compares it with a real tape, block by block):
 RMSNorm saves r (rows,); RoPE keeps only the cos/sin tables; Attention saves grouped q, contiguous
 k and v, the output and the row log-sum-exp (its causal mask is built per block); LoraMatmul
-saves x (a view), x·Aᵀ and, with dropout, its mask and dropped input; PackedMatmul saves nothing.
+saves x (a view; none when SwiGLU made x, which remakes it), x·Aᵀ and, with dropout, its mask and
+dropped input; PackedMatmul saves nothing.
 """
 F32 = 4
 
@@ -74,13 +75,14 @@ class BlockModel:
     def reshape(self, g, x):
         return g.op([x], x.buf)
 
-    def linear(self, g, x, path):
+    def linear(self, g, x, path, remade=False):
+        """remade: x's producer can remake it (SwiGLU), so a LoRA without dropout keeps none."""
         inp, M = self.inp, self.M
         n, k = inp.linears[path].shape
         ad = inp.adapters.get(path)
         self.calls.add((path, x.tracked))
         if ad is not None:
-            saves = [x.buf]
+            saves = [] if remade else [x.buf]
             if ad.dropout > 0:
                 saves = [g.new(M * k * F32), g.new(M * k)]  # dropped x, keep-mask (bool)
             saves.append(g.new(M * ad.rank * F32))  # x @ A.T
@@ -130,7 +132,7 @@ class BlockModel:
         gate = self.linear(g, n2, p + "mlp.gate_proj")
         up = self.linear(g, n2, p + "mlp.up_proj")
         act = g.op([gate, up], g.new(M * c.intermediate_size * F32), [gate.buf, up.buf])
-        return self.add(g, h1, self.linear(g, act, p + "mlp.down_proj"))
+        return self.add(g, h1, self.linear(g, act, p + "mlp.down_proj", remade=act.tracked))
 
     def head(self, g, h):
         g.layer = self.cfg.num_layers

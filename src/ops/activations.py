@@ -21,10 +21,17 @@ class Silu(Function):
 
 
 class SwiGLU(Function):
-    """silu(gate) * up in one node: the MLP's elementwise core."""
+    """silu(gate) * up in one node: the MLP's elementwise core. Its output is cheap to remake
+    from the saved gate and up, so the down projection's LoRA need not keep it."""
+
+    remakes = True
 
     def forward(self, gate, up):
         self.save(gate, up)
+        return kernels.swiglu_fwd(self.xp, gate, up)
+
+    def remake(self):
+        gate, up = self.saved
         return kernels.swiglu_fwd(self.xp, gate, up)
 
     def backward(self, g):

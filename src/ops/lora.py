@@ -44,12 +44,20 @@ class LoraMatmul(Function):
         self.weight, self.scale, self.dropout, self.factor = weight, scale, dropout, factor
         self.norm = norm
         self.in_dtype = x.dtype
-        self.save(xd if self.needs[1] else None, xa if self.needs[2] else None, a, b, mask)
+        # A's gradient reads x' = x: kept, or remade by the op that made x (see Function)
+        src = self.parents[0] if self.parents else None
+        remade = mask is None and self.needs[1] and getattr(src, "remakes", False)
+        self.x_from = src if remade else None
+        keep = self.needs[1] and self.x_from is None
+        self.save(xd if keep else None, xa if self.needs[2] else None, a, b, mask)
         return y.reshape(*lead, y.shape[-1])
 
     def backward(self, g):
         xd, xa, a, b, mask = self.saved
         xp, s = self.xp, self.scale
+        if self.x_from is not None:
+            xd = self.x_from.remake()
+            xd = xd.reshape(-1, xd.shape[-1])  # (M, K)
         g2 = xp.ascontiguousarray(g.reshape(-1, g.shape[-1]))  # (M, N)
         dmag = gf = None
         if self.factor is not None:
