@@ -8,6 +8,7 @@ import numpy as np
 from ..config import lora_scale
 from ..errors import ModelError
 from ..lora_targets import pattern_value
+from ..models.tensors import EMBEDDING_WEIGHTS
 from ..quant import quantize
 from .loftq import loftq_fit
 from .peft_io import check_base, lora_config_from_peft, read_adapter, recorded_base, strip_key
@@ -69,8 +70,12 @@ class AdapterDeltas:
     def as_trained(self, w, name):
         """A float weight (N, K) as the training run held it: deq(Q(w)) in the format the
         adapter records, or — for a LoftQ adapter of more than one iteration — the base its
-        LoftQ iterations chose (replayed: the SVD is deterministic)."""
+        LoftQ iterations chose (replayed: the SVD is deterministic). The embedding and LM head
+        take the format recorded for them (`quant.embeddings`); none recorded: w itself."""
         q, path = self.trained_quant, name.removesuffix(".weight")
+        if name in EMBEDDING_WEIGHTS:
+            fmt = q.get("embeddings")
+            return w if not fmt else quantize(w, fmt, name=name).dequantize()
         iters = int((self.config.get("loftq_config") or {}).get("loftq_iter", 1))
         if self.config.get("init_lora_weights") == "loftq" and iters > 1 and path in self.modules:
             rank = self.modules[path][0].shape[0]

@@ -65,9 +65,9 @@ class QuantConfig(_Section):
     format: FormatName = "nf4"
     block_size: Int = Field(64, ge=16, le=4096)
     double_quant: bool = True
-    # the embedding and LM head: "float" (float32; 16-bit GGUF ones stay 16-bit), "auto" (q8_0
-    # when the linear weights are packed) or a format of their own
-    embeddings: EmbeddingFormat = "float"
+    # the embedding and LM head: "auto" (q8_0 when the linear weights are packed, else float),
+    # "float" (float32; 16-bit GGUF ones stay 16-bit) or a format of their own
+    embeddings: EmbeddingFormat = "auto"
 
     @model_validator(mode="after")
     def _gguf_block(self) -> QuantConfig:

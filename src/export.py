@@ -11,12 +11,13 @@ from .errors import ModelError
 from .fileio import atomic_path, write_json
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
-from .models.tensors import PROJECTIONS, model_tensors
+from .models.tensors import EMBEDDING_WEIGHTS, PROJECTIONS, model_tensors
 from .quant import REGISTRY, save_packed
 from .quant import quantize as quantize_fn
 from .quant.halves import float32_to_bf16
 
 _PROJECTION_WEIGHTS = tuple(f".{p}.weight" for p in PROJECTIONS)
+_AS_TRAINED = _PROJECTION_WEIGHTS + EMBEDDING_WEIGHTS  # float weights training may have packed
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
            "bfloat16": ("BF16", None)}
 
@@ -89,7 +90,7 @@ def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
 def _float_tensor(src, name, delta, as_trained=False):
     value = src.get(name)
     w = value.dequantize() if hasattr(value, "dequantize") else np.asarray(value, np.float32)
-    if as_trained and not hasattr(value, "dequantize") and name.endswith(_PROJECTION_WEIGHTS):
+    if as_trained and not hasattr(value, "dequantize") and name.endswith(_AS_TRAINED):
         w = delta.as_trained(w, name)  # the float weight as the training run held it
     path = name.removesuffix(".weight")
     if delta is not None and path in delta.modules:
@@ -111,13 +112,13 @@ def _write_packed(src, names, out, delta, fmt, block_size, double_quant, as_trai
         double_quant = fmt in REGISTRY and REGISTRY[fmt].double_quant
     quant = {"format": fmt, "double_quant": double_quant,
              **({} if block_size is None else {"block_size": block_size})}
-    linear = {t.name: t for t in model_tensors(src.config, quant)
-              if t.category == "base_packed"}  # a format per tensor (presets pick them)
+    packed = {t.name: t for t in model_tensors(src.config, quant)
+              if t.format}  # a format per tensor (presets pick them; quant.embeddings: auto)
     tensors = {}
     for n in names:
         w = _float_tensor(src, n, delta, as_trained)
-        if n in linear:
-            t = linear[n]
+        if n in packed:
+            t = packed[n]
             w = quantize_fn(w, t.format, block_size=t.block_size, double_quant=t.double_quant,
                             name=n)
         tensors[n] = w

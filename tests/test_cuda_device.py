@@ -102,9 +102,11 @@ def test_plan_counts_the_gpu_tile_for_large_batches(tmp_path):
         p = plan({**cfg, "device": "cuda", "scratch_mib": 1}, batch_size=1, seq_len=tokens)
         return p["plan"]["categories"]["dense_scratch"]
     # M <= 16: fused kernels, only the LoRA products' rows (M x q_proj's width); M = 32: a tile
-    # of a whole W (the cap holds it), the MLP's (INTER, HIDDEN)
+    # of a whole W (the cap holds it), the largest: the Q8_0 LM head's (vocab, HIDDEN)
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    assert vocab > mf.INTER
     assert scratch(16) == 4 * 16 * mf.HIDDEN
-    assert scratch(32) == 4 * mf.INTER * mf.HIDDEN
+    assert scratch(32) == 4 * vocab * mf.HIDDEN
 
 
 # ------------------------------------------------------------------------------- a real GPU

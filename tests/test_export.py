@@ -128,9 +128,10 @@ def test_quantize_reloads_identically_without_requantizing(hf, tmp_path, monkeyp
     reloaded = load_model(out, quant=fmt)
     pairs = [(n, m, reloaded.get_module(n)) for n, m in direct.named_modules()
              if isinstance(m, PackedLinear)]
-    assert len(pairs) == 7 * mf.LAYERS
+    assert len(pairs) == 7 * mf.LAYERS + 1  # and the LM head (quant.embeddings: auto)
     for name, a, b in pairs:
-        assert isinstance(b, PackedLinear) and b.weight.format == a.weight.format == fmt
+        want = "q8_0" if name == "lm_head" else fmt
+        assert isinstance(b, PackedLinear) and b.weight.format == a.weight.format == want
         assert sorted(a.weight.buffers) == sorted(b.weight.buffers)
         for key in a.weight.buffers:
             x, y = np.asarray(a.weight.buffers[key]), np.asarray(b.weight.buffers[key])

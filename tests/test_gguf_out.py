@@ -241,11 +241,12 @@ def test_existing_output_and_interrupted_export(tmp_path, monkeypatch, capsys):
 def test_merging_into_the_base_the_adapter_was_trained_against(tmp_path, init):
     """A QLoRA adapter trained on NF4(W): merged into W by default (PEFT's merge), into
     deq(NF4(W)) with base="quantized" — then the merged model computes what the adapted packed
-    model computed. LoftQ adapters, fitted to W - deq(Q(W)), take the quantized base by
-    default."""
+    model computed, its Q8_0 embedding and head (quant.embeddings: auto) replayed too. LoftQ
+    adapters, fitted to W - deq(Q(W)), take the quantized base by default."""
     hf = mf.tiny_chat_model(tmp_path / "hf", merges=MERGES)
     loftq = {"init": "loftq", "loftq_iter": int(init[-1])} if init.startswith("loftq-") else {}
     model = _adapter(hf, tmp_path / "ad", quant="nf4", **({"init": init} | loftq))
+    assert model.quant["embeddings"] == "q8_0" and model.lm_head.weight.format == "q8_0"
     ids = np.array([model.tokenizer.encode("<|im_start|>user\n1+2<|im_end|>")])
 
     def logits(m):

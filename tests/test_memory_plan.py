@@ -54,8 +54,10 @@ def test_base_bytes_by_hand(fmt, bs, dq):
     cats = _plan(ov)["plan"]["categories"]
     assert cats["base_packed"] == L * sum(hand_packed(fmt, n, k, bs, dq)
                                           for n, k in SHAPES.values())
-    # embedding and untied head stay float32 (quant.embeddings: float), plus 2L+1 norms
-    assert cats["base_other"] == 2 * V * D * 4 + (2 * L + 1) * D * 4
+    # embedding and untied head in Q8_0 under packed linears (quant.embeddings: auto), float32
+    # without; plus 2L+1 norms
+    emb = hand_packed("none" if fmt == "none" else "q8_0", V, D, 32, False)
+    assert cats["base_other"] == 2 * emb + (2 * L + 1) * D * 4
 
 
 @pytest.mark.parametrize("fmt,embeddings,want", [("nf4", "float", "none"), ("nf4", "q4_0", "q4_0"),
@@ -175,7 +177,8 @@ def test_llama2_7b_qlora_plan(tmp_path):
                          "dense_effective_weight"}
     assert alts["whole_model_fp32"]["ratio_to_packlora"] > alts["whole_model_bf16"][
         "ratio_to_packlora"] > 1
-    assert alts["per_layer_dequant"]["extra_bytes"] == 11008 * 4096 * 4 - cats["dense_scratch"]
+    # the largest packed weight: the Q8_0 LM head (quant.embeddings: auto)
+    assert alts["per_layer_dequant"]["extra_bytes"] == 32000 * 4096 * 4 - cats["dense_scratch"]
     # the same from a config.json path and from the dict; 70B plans as well
     same = mem_plan(str(tmp_path / "config.json"),
                     ["quant.double_quant=true", "lora.rank=64", "lora.targets=all-linear",

@@ -146,7 +146,8 @@ def expected_weights(model, arch, kind, qname, stored):
         return stored
     bound = 0.02 if qname == "int8" else 0.15  # relative RMS error of the quantized weight
     for n, a in stored.items():
-        packed = isinstance(model.get_module(n.rsplit(".", 1)[0]), PackedLinear)
+        module = model.get_module(n.rsplit(".", 1)[0])  # the Q8_0 embedding is packed too
+        packed = isinstance(module, PackedLinear) or getattr(module, "packed", False)
         if packed and n.endswith("weight"):
             err = np.sqrt(((got[n] - a) ** 2).mean() / (a ** 2).mean())
             assert 0 < err < bound, (n, err)
@@ -167,7 +168,7 @@ def _check_packing(model, arch, kind, qname):
         fmt = QUANTS[qname] if isinstance(QUANTS[qname], str) else QUANTS[qname]["format"]
         assert isinstance(lin, PackedLinear) and lin.weight.format == fmt
         assert lin.weight.double_quant == (qname == "nf4_dq")
-        assert not model.model.embed_tokens.packed
+        assert model.model.embed_tokens.weight.format == "q8_0"  # quant.embeddings: auto
 
 
 @pytest.mark.parametrize("arch,kind,qname", HF_CASES + GGUF_CASES)
@@ -197,13 +198,13 @@ def test_logits_and_loss_match_reference(files, arch, kind, qname):
 def test_16bit_gguf_kept_16bit_or_quantized_as_asked(files, kind):
     """F16 / BF16 linear weights stay 16-bit at rest under quant "none" (the test above checks
     their logits) and take the run's format otherwise; the embedding stays 16-bit under
-    quant.embeddings "float" (the default) and becomes q8_0 under "auto"; norms are float32."""
+    quant.embeddings "float" and becomes q8_0 under "auto" (the default); norms are float32."""
     path, _ = files("llama", kind)
-    model = load_model(path, quant="nf4")
+    model = load_model(path, quant={"format": "nf4", "embeddings": "float"})
     assert model.model.layers[0].self_attn.q_proj.weight.format == "nf4"
     emb = model.model.embed_tokens.weight
     assert emb.format == kind[5:] and emb.nbytes == 2 * emb.numel
-    auto = load_model(path, quant={"format": "nf4", "embeddings": "auto"})
+    auto = load_model(path, quant="nf4")
     assert auto.model.embed_tokens.weight.format == "q8_0"
     assert isinstance(model.model.norm.weight, Tensor)
     none = load_model(path, quant="none")

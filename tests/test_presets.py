@@ -31,7 +31,8 @@ def test_llama_7b_layers_get_the_llama_cpp_mix(preset, base):
         for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj",
                      "mlp.gate_proj", "mlp.up_proj"):
             assert got[f"{p}.{proj}.weight"] == base, (i, proj)
-    assert got["model.embed_tokens.weight"] is None and got["lm_head.weight"] is None
+    # quant.embeddings: auto
+    assert got["model.embed_tokens.weight"] == "q8_0" and got["lm_head.weight"] == "q8_0"
 
 
 def test_rows_that_are_no_multiple_of_256_fall_back():

@@ -15,7 +15,7 @@ from ..adapters.deltas import AdapterDeltas
 from ..errors import ModelError
 from ..models.gguf_file import gguf_name, hf_name
 from ..models.identity import base_identity
-from ..models.tensors import PROJECTIONS
+from ..models.tensors import EMBEDDING_WEIGHTS, PROJECTIONS
 from ..quant import BY_GGUF_NAME, QUANTIZABLE, REGISTRY
 from ..quant.presets import FALLBACK, PRESETS, preset_format
 from ..quant.regrid import requantize_on_grid
@@ -82,7 +82,8 @@ def _plan_jobs(base, deltas, quantize_to, mode):
         new = out_type(quantize_to, place, shape[-1], in_type) if place else in_type
         if not base.gguf and not place:
             new = _hf_other_type(quantize_to, len(shape))
-        as_trained = mode == "quantized" and place is not None and in_type in FLOAT_TYPES.values()
+        as_trained = (mode == "quantized" and (place is not None or hf in EMBEDDING_WEIGHTS)
+                      and in_type in FLOAT_TYPES.values())
         copy = base.gguf is not None and not merge and not as_trained and new == in_type
         jobs.append(Job(hf, gguf, shape, in_type, new, merge, copy, as_trained))
     return jobs

@@ -15,7 +15,7 @@ from .llama import MLP, Attention, Backbone, DecoderLayer, LlamaForCausalLM
 from .identity import base_identity
 from .resolve import resolve_source
 from .sources import open_source
-from .tensors import model_tensors, quant_spec
+from .tensors import model_tensors, quant_record
 
 
 class _Builder:
@@ -93,7 +93,7 @@ def load_model(source, device=None, quant=None, with_tokenizer=True):
     tok = src.tokenizer if with_tokenizer else None
     model = LlamaForCausalLM(cfg, Backbone(Embedding(t["model.embed_tokens.weight"]), layers,
                                            norm), lm_head, device, tok, path)
-    model.quant = quant_spec(quant)
+    model.quant = quant_record(quant, cfg.hidden_size)
     model.source_name = str(source)  # as the user gave it: a model name stays a name
     model.base_identity = base_identity(source, path, model.quant)  # saved with adapters
     return model

@@ -54,6 +54,7 @@ def quant_spec(quant):
 
 
 EMBEDDING_AUTO = "q8_0"  # quant.embeddings: auto, when the run packs its linear weights
+EMBEDDING_WEIGHTS = ("model.embed_tokens.weight", "lm_head.weight")  # what quant.embeddings holds
 
 
 def embedding_spec(quant, dim):
@@ -67,6 +68,13 @@ def embedding_spec(quant, dim):
     if entry is None or (entry.storage == GGML_ROWS and dim % entry.layout.elems):
         return {"format": None, "block_size": None, "double_quant": False}
     return {"format": fmt, "block_size": entry.default_block_size, "double_quant": False}
+
+
+def quant_record(quant, dim):
+    """quant_spec plus the format the embedding and LM head take ("embeddings": None when they
+    stay float): what a model records of how it holds a float base (adapters keep it, and a merge
+    into the quantized base replays it)."""
+    return quant_spec(quant) | {"embeddings": embedding_spec(quant, dim)["format"]}
 
 
 def _held(name, shape, stored, quant, category, quantize, place=None):
@@ -114,10 +122,11 @@ def model_tensors(cfg, quant=None, stored=None) -> list[TensorSpec]:
     q = quant_spec(quant)
     v, d = cfg.vocab_size, cfg.hidden_size
     emb = embedding_spec(quant, d)
-    out = [_held("model.embed_tokens.weight", (v, d), stored, emb, "base_other", True)]
+    embed, head = EMBEDDING_WEIGHTS
+    out = [_held(embed, (v, d), stored, emb, "base_other", True)]
     for i in range(cfg.num_layers):
         out += _layer_tensors(cfg, i, stored, q)
     out.append(TensorSpec("model.norm.weight", (d,)))
-    if not cfg.tie_word_embeddings and (stored is None or "lm_head.weight" in stored):
-        out.append(_held("lm_head.weight", (v, d), stored, emb, "base_other", True))
+    if not cfg.tie_word_embeddings and (stored is None or head in stored):
+        out.append(_held(head, (v, d), stored, emb, "base_other", True))
     return out
