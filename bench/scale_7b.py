@@ -3,9 +3,11 @@
 Writes a Hugging Face folder of random float16 weights once (deterministic, ~13 GB, streamed to
 disk a piece at a time) into the cache, then runs `packlora memory-report CFG --measure
 --steps 1 --json` in a process of its own (NF4 + double quantization, r = 64 on every linear
-layer, batch 1 x 512, checkpointing) and prints JSON: that process's peak RSS (VmHWM: loading
-included), the plan, the RAM the report says the run needs (the plan plus the process's own
-bytes), the tracker's peak, per-category errors and the step time.
+layer, batch 1 x 512, checkpointing) and prints JSON: that process's peak RSS over its whole
+life (the report resets VmHWM before its measured step, so the peaks it read while loading and
+warming up count too, and each is printed: loading must stay under training), the plan, the
+RAM the report says the run needs (the plan plus the process's own bytes), the tracker's peak,
+per-category errors and the step time.
 
     python bench/scale_7b.py [--optimizer adamw_8bit] [--embeddings auto] [--step-in-backward]
                              [--out results.json]
@@ -94,12 +96,17 @@ def main(argv=None):
     if proc.returncode:
         raise SystemExit(f"scale_7b: memory-report failed:\n{proc.stderr[-3000:]}")
     rep = json.loads(proc.stdout[proc.stdout.index("{"):])
-    vmhwm = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     plan, meas = rep["plan"], rep["measured"]
+    after_reset = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    vmhwm = max(after_reset, meas["rss_load_peak_bytes"], meas["rss_warmup_peak_bytes"])
     mib = (lambda b: None if b is None else round(b / 2**20, 1))
     doc = {"bench": "scale_7b", "cpu": cpu_name(), "cores": os.cpu_count(),
            "run": run_config(folder, a) | {"model": "random Llama-2-7B shape, float16"},
-           "process_peak_rss_mib": mib(vmhwm), "plan_peak_mib": mib(plan["peak_bytes"]),
+           "process_peak_rss_mib": mib(vmhwm),
+           "load_peak_rss_mib": mib(meas["rss_load_peak_bytes"]),
+           "warmup_peak_rss_mib": mib(meas["rss_warmup_peak_bytes"]),
+           "step_peak_rss_mib": mib(meas["rss_peak_bytes"]),
+           "plan_peak_mib": mib(plan["peak_bytes"]),
            "plan_vs_rss_pct": round(100.0 * (plan["peak_bytes"] - vmhwm) / vmhwm, 1),
            "process_mib": mib(rep["process"]["bytes"]),
            "ram_needed_mib": mib(rep["process"]["rss_estimate_bytes"]),

@@ -183,8 +183,7 @@ def _cuda_rows(w, rows, out):
 
 
 __all__ = ["adamw8_update", "linear_fwd", "linear_bwd", "dequantize_rows", "gather_rows",
-           "add_product",
-           "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope_rotate", "softmax_",
-           "probs_t_", "dscores_t_", "ce_forward", "ce_backward_", "DEFAULT_SCRATCH_CAP",
-           "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD", "column_align", "tile_plan",
-           "cuda_scratch_need"]
+           "add_product", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope_rotate",
+           "softmax_", "probs_t_", "dscores_t_", "ce_forward", "ce_backward_",
+           "DEFAULT_SCRATCH_CAP", "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD",
+           "column_align", "tile_plan", "cuda_scratch_need"]

@@ -257,6 +257,10 @@ def test_plan_matches_measured_step(tiny_run, ckpt):
     win, proc = meas["window_peak_bytes"], meas["process_window_peak_bytes"]
     assert 0 < proc - win <= (0.20 if ckpt else 0.10) * proc, (win, proc)
     assert meas["metrics_jsonl_mem_peak"]["activations"] > 0
+    # the process's peaks before the measured steps (VmHWM resets there): loading, then loading
+    # and the warm-up step
+    assert meas["rss_before_load_bytes"] <= meas["rss_load_peak_bytes"] \
+        <= meas["rss_warmup_peak_bytes"]
 
 
 def test_cli_json_and_plot(tiny_run, tmp_path, capsys):

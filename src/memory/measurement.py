@@ -63,6 +63,7 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
     proc0 = mem.process_measure()[0] or 0
     rss0 = rss_now()
     model = _load(run, run.model if source is None else source, dev)
+    rss_load = rss_peak()  # VmHWM so far: loading (and whatever ran before it)
     tcfg = run.train.model_copy(update={
         "batch_size": inp.batch, "grad_checkpointing": inp.grad_checkpointing,
         "max_steps": warmup + steps, "epochs": None, "save_every": 0, "eval_every": 0,
@@ -74,6 +75,7 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
             trainer.train_step()
         gc.collect()
         _process_reset(dev)
+        rss_warm = rss_peak()  # loading and the warm-up step
         rss_reset = reset_rss_peak()
         win_tracker, win_proc = mem.total, mem.process_measure()[0]
         history = trainer.run()
@@ -88,6 +90,7 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
                                               else int(proc_peak + proc0 - win_proc)),
                 "process_measure": "tracemalloc" if dev.kind == "cpu" else "cupy memory pool",
                 "rss_peak_bytes": rss_high if rss_reset else None,
+                "rss_load_peak_bytes": rss_load, "rss_warmup_peak_bytes": rss_warm,
                 "rss_before_load_bytes": rss0, "steps": steps, "warmup_steps": warmup,
                 "step_time_s": float(np.mean([r["step_time_s"] for r in history])),
                 "metrics_jsonl_mem_peak": records[-1].get("mem_peak") if records else None}

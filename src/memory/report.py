@@ -70,7 +70,10 @@ def _category_table(rep):
                   mib(meas.get("process_peak_bytes")),
                   "" if vs is None else f"tracker {vs:+.1f}%")
         if meas.get("rss_peak_bytes"):
-            t.add_row("RSS peak (whole process)", "", "", mib(meas["rss_peak_bytes"]), "")
+            t.add_row("RSS peak (whole process, measured steps)", "", "",
+                      mib(meas["rss_peak_bytes"]), "")
+        if meas.get("rss_load_peak_bytes"):
+            t.add_row("RSS peak while loading", "", "", mib(meas["rss_load_peak_bytes"]), "")
     return t
 
 
