@@ -4,6 +4,7 @@ import contextlib
 from .errors import AutodiffError, DeviceError
 
 _RECORDING = [True]
+_REMAKING = [True]  # whether consumers may keep a remaking producer instead of its output
 _GRAD_HOOK = [None]  # on_complete_grad
 
 
@@ -31,6 +32,24 @@ def on_complete_grad(hook):
 
 def is_recording():
     return _RECORDING[-1]
+
+
+@contextlib.contextmanager
+def keeping_outputs():
+    """Within the block, ops save outputs rather than remake them (Function.remakes): a
+    checkpointed block's recompute, whose saves live for that block's backward only, so a
+    remade array would add a fresh allocation to the backward and save nothing lasting (a 7B
+    step measured 50 MiB more RSS remaking there)."""
+    _REMAKING.append(False)
+    try:
+        yield
+    finally:
+        _REMAKING.pop()
+
+
+def may_remake(node):
+    """Whether a consumer may keep `node` (a parent) and remake its output in backward."""
+    return _REMAKING[-1] and getattr(node, "remakes", False)
 
 
 class Recorded:

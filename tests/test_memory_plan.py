@@ -94,15 +94,17 @@ def test_step_in_backward_plans_one_blocks_grads():
     assert _plan(ov[:2])["plan"]["categories"]["grads"] == adapters
 
 
-def hand_block(b, t, r, input_tracked):
+def hand_block(b, t, r, input_tracked, remade=True):
     """Activation bytes one decoder block keeps for backward (all-linear LoRA, no dropout).
-    The tape keeps only what ops save, never an intermediate just because it was an input."""
+    The tape keeps only what ops save, never an intermediate just because it was an input.
+    remade: the down projection's LoRA remakes silu(gate)*up (not in a checkpoint's
+    recompute, which keeps it)."""
     m = b * t
     floats = ((3 + input_tracked) * m * D  # block input (norm1, if recorded), norm1 out, h1,
                                            # norm2 out
               + 3 * m * H * HD          # grouped q, attention out, its (B, T, H*D) copy
               + 2 * m * HKV * HD        # contiguous k and v
-              + 2 * m * F               # gate, up (down's LoRA remakes silu(gate)*up)
+              + (2 if remade else 3) * m * F  # gate, up (and silu(gate)*up unless remade)
               + 7 * m * r               # x @ A.T per adapter
               + m * (2 if input_tracked else 1)  # rms factors (norm1 unrecorded in block 0)
               + b * H * t)              # attention log-sum-exp
@@ -121,8 +123,8 @@ def test_activations_by_hand(b, t):
     assert off["peak_at"].startswith("forward end")
     on = _plan(ov + ["train.grad_checkpointing=true"])["plan"]
     fwd = L * md + tail  # each checkpoint keeps its block's input
-    last = L * md + hand_block(b, t, 4, True) + 8 * m  # inputs kept + block recomputed
-    first = 2 * md + hand_block(b, t, 4, False) + 8 * m  # + block 1's input, still referenced
+    last = L * md + hand_block(b, t, 4, True, False) + 8 * m  # inputs kept + block recomputed
+    first = 2 * md + hand_block(b, t, 4, False, False) + 8 * m  # + block 1's input, referenced
     assert on["categories"]["activations"] == max(fwd, last, first)
     adapters = on["categories"]["adapters"]
     assert on["categories"]["grads"] == adapters + md  # the incoming block-input gradient

@@ -7,8 +7,8 @@ block of its earliest holder is done. Follows src/models/llama.py and the ops it
 (tests/test_activation_tape.py compares it with a real tape, block by block):
 RMSNorm saves r (rows,); RoPE keeps only the cos/sin tables; Attention saves grouped q, contiguous
 k and v, the output and the row log-sum-exp (its causal mask is built per block); LoraMatmul
-saves x (a view; none when SwiGLU made x, which remakes it), x·Aᵀ and, with dropout, its mask and
-dropped input; PackedMatmul saves nothing.
+saves x (a view; none when SwiGLU made x, which remakes it, but in a checkpoint's recompute),
+x·Aᵀ and, with dropout, its mask and dropped input; PackedMatmul saves nothing.
 """
 F32 = 4
 
@@ -113,7 +113,8 @@ class BlockModel:
         return g.op([a, b], g.new(self.M * self.cfg.hidden_size * F32))
 
     # -- one decoder block ----------------------------------------------------------------------
-    def block(self, g, i, h):
+    def block(self, g, i, h, remake=True):
+        """remake: SwiGLU's output is remade, not kept (off in a checkpoint's recompute)."""
         c, M = self.cfg, self.M
         d, hd = c.hidden_size, c.head_dim
         p = f"model.layers.{i}."
@@ -132,7 +133,8 @@ class BlockModel:
         gate = self.linear(g, n2, p + "mlp.gate_proj")
         up = self.linear(g, n2, p + "mlp.up_proj")
         act = g.op([gate, up], g.new(M * c.intermediate_size * F32), [gate.buf, up.buf])
-        return self.add(g, h1, self.linear(g, act, p + "mlp.down_proj", remade=act.tracked))
+        return self.add(g, h1, self.linear(g, act, p + "mlp.down_proj",
+                                           remade=remake and act.tracked))
 
     def head(self, g, h):
         g.layer = self.cfg.num_layers
@@ -162,7 +164,7 @@ class BlockModel:
         g = Graph()
         g.layer = i
         x = Val(Buf(0), input_tracked)
-        out = self.block(g, i, x)
+        out = self.block(g, i, x, remake=False)
         if parent_only:
             return g.parent_only()
         return g.held() + out.buf.nbytes, g.held(tracked=False)

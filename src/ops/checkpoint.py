@@ -23,7 +23,8 @@ class Checkpoint(Function):
         x = Tensor(self.x, self.device)
         if self.needs[0]:
             x.require_grad()
-        out = self.block(x, *self.args)
+        with autodiff.keeping_outputs():
+            out = self.block(x, *self.args)
         self.device.set_rng_state(now)
         if out._fn is None:  # nothing inside the block is trainable
             return (None,)

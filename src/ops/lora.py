@@ -9,7 +9,7 @@ The base weight is a PackedWeight (never expanded) or a frozen float Tensor.
 import numpy as np
 
 from .. import kernels
-from ..autodiff import Function
+from ..autodiff import Function, may_remake
 from ..tensor import Tensor
 from .linear import frozen_bwd, frozen_fwd
 
@@ -46,7 +46,7 @@ class LoraMatmul(Function):
         self.in_dtype = x.dtype
         # A's gradient reads x' = x: kept, or remade by the op that made x (see Function)
         src = self.parents[0] if self.parents else None
-        remade = mask is None and self.needs[1] and getattr(src, "remakes", False)
+        remade = mask is None and self.needs[1] and may_remake(src)
         self.x_from = src if remade else None
         keep = self.needs[1] and self.x_from is None
         self.save(xd if keep else None, xa if self.needs[2] else None, a, b, mask)
