@@ -98,7 +98,8 @@ def main(argv=None):
     rep = json.loads(proc.stdout[proc.stdout.index("{"):])
     plan, meas = rep["plan"], rep["measured"]
     after_reset = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    vmhwm = max(after_reset, meas["rss_load_peak_bytes"], meas["rss_warmup_peak_bytes"])
+    vmhwm = max(after_reset, meas["rss_load_peak_bytes"], meas["rss_warmup_peak_bytes"],
+                meas["rss_peak_bytes"] or 0)
     mib = (lambda b: None if b is None else round(b / 2**20, 1))
     doc = {"bench": "scale_7b", "cpu": cpu_name(), "cores": os.cpu_count(),
            "run": run_config(folder, a) | {"model": "random Llama-2-7B shape, float16"},
