@@ -3,6 +3,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..format_ids import INT8
+from .prefetch import prefetch_bytes
 from .simd import DECODE
 from .simd_rows import row_run, simd_span
 
@@ -76,6 +77,19 @@ def _blockwise_span(pk, start, count, out, o):
         b += 1
 
 
+@njit(inline="always", cache=True)
+def _prefetch_span(pk, n, k0, k1):
+    """Prefetch the packed bytes of W[n, k0:k1] (the codes; scales of flat formats are few)."""
+    K = pk[3]
+    if pk[15]:  # ggml rows of whole blocks
+        lo = (n * (K >> pk[16]) + (k0 >> pk[16])) * pk[15]
+        prefetch_bytes(pk[4], lo, lo + ((k1 - k0) >> pk[16]) * pk[15])
+    elif pk[0] == INT8:
+        prefetch_bytes(pk[5], n * K + k0, n * K + k1)
+    else:
+        prefetch_bytes(pk[4], (n * K + k0) >> 1, (n * K + k1 + 1) >> 1)
+
+
 @njit(inline="always", fastmath=True, cache=True)
 def decode_rows(pk, n0, n1, k0, k1, out, o):
     """W[n0:n1, k0:k1] into out[o:] (row-major, rows k1 - k0 apart) with the SIMD walker; spans
@@ -84,8 +98,11 @@ def decode_rows(pk, n0, n1, k0, k1, out, o):
     Callers hand over runs of rows, not single rows: each inlined call copies the packed tuple
     (reference counts of its arrays), ~40 ns, the time of decoding ~200 values."""
     kc = k1 - k0
+    ahead = kc < pk[3]  # a stretch of each row: ask for the next row's bytes (prefetch.py)
     if simd_span(pk[3], k0, k1):
         for r in range(n1 - n0):
+            if ahead and r + 1 < n1 - n0:
+                _prefetch_span(pk, n0 + r + 1, k0, k1)
             row_run(DECODE, pk, n0 + r, k0, k1, np.float32(1.0), out, o + r * kc)
     else:
         for r in range(n1 - n0):
