@@ -89,12 +89,25 @@ def rope_rotate(xp, x, c, s, sign):
 
 
 # -- attention score blocks -------------------------------------------------------------------
-def softmax_(xp, sc):
-    """sc (..., S) <- softmax(sc) in place; returns its log-sum-exp (..., 1)."""
+def _causal_hidden(xp, shape, causal):
+    """True where a (rows, S) block of scores lies beyond its rows' causal limits (see
+    cpu/attention.py for `causal`)."""
+    rows, r0, groups, shift = causal
+    pos = (r0 + xp.arange(rows)) // groups + shift
+    return xp.arange(shape[-1])[None, :] > pos[:, None]
+
+
+def softmax_(xp, sc, scale=1.0, causal=None):
+    """sc (..., rows, S) <- softmax(sc * scale) in place, keys beyond the rows' causal limits
+    (`causal`, cpu/attention.py; None: none) zero; returns the log-sum-exp (..., rows, 1)."""
     if takes(xp, sc):
         lse = np.empty(sc.shape[:-1] + (1,), dtype=sc.dtype)
-        cpu_attention.softmax_rows(sc.reshape(-1, sc.shape[-1]), lse.reshape(-1))
+        cpu_attention.softmax_rows(sc.reshape(-1, sc.shape[-1]), lse.reshape(-1),
+                                   np.float32(scale), causal or cpu_attention.NO_CAUSAL)
         return lse
+    sc *= scale
+    if causal is not None:
+        xp.copyto(sc, -xp.inf, where=_causal_hidden(xp, sc.shape, causal))
     m = sc.max(axis=-1, keepdims=True)
     sc -= m
     xp.exp(sc, out=sc)
@@ -103,16 +116,21 @@ def softmax_(xp, sc):
     return m + xp.log(lsum)
 
 
-def probs_t_(xp, pt, scale, lse_t):
-    """pt (b, Hkv, S, Q) <- exp(pt * scale - lse_t) in place; lse_t (b, Hkv, 1, Q)."""
+def probs_t_(xp, pt, scale, lse_t, causal=None):
+    """pt (b, Hkv, S, Q) <- exp(pt * scale - lse_t) in place; lse_t (b, Hkv, 1, Q); keys beyond
+    the queries' causal limits (`causal` with rows = Q; None: none) zero."""
     if takes(xp, pt, lse_t):
         n = pt.shape[0] * pt.shape[1]
         cpu_attention.probs_t(pt.reshape(n, *pt.shape[2:]), np.float32(scale),
-                              np.ascontiguousarray(lse_t).reshape(n, -1))
+                              np.ascontiguousarray(lse_t).reshape(n, -1),
+                              causal or cpu_attention.NO_CAUSAL)
         return
     pt *= scale
     pt -= lse_t
     xp.exp(pt, out=pt)
+    if causal is not None:
+        pt[xp.broadcast_to(_causal_hidden(xp, pt.shape[-1:] + pt.shape[-2:-1], causal).T,
+                           pt.shape)] = 0.0
 
 
 def dscores_t_(xp, dpt, pt, delta_t, scale):

@@ -255,12 +255,40 @@ def test_fused_float32_elementwise_match_float64():
     s = (rng.standard_normal((6, 40)) * 5).astype(np.float32)
     s[:, 30:] = -np.inf
     p, lse = s.copy(), np.empty(6, np.float32)
-    att.softmax_rows(p, lse)
+    att.softmax_rows(p, lse, np.float32(1.0), att.NO_CAUSAL)
     s64 = s.astype(np.float64)
     ref = np.exp(s64 - s64.max(1, keepdims=True))
     np.testing.assert_allclose(p, ref / ref.sum(1, keepdims=True), atol=1e-7)
     assert np.all(p[:, 30:] == 0)
     np.testing.assert_allclose(lse, np.log(np.exp(s64).sum(1)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("r0,groups,shift", [(0, 1, 0), (6, 3, 0), (4, 2, 5), (0, 2, -1)])
+def test_attention_row_kernels_apply_the_causal_limit(r0, groups, shift):
+    """softmax_rows and probs_t with `causal` give what the scores masked with -inf give: row i
+    of a slice of `rows` sees keys <= (r0 + i % rows) // groups + shift (none: a zero row)."""
+    from packlora.kernels.cpu import attention as att
+    rng = np.random.default_rng(13)
+    rows, keys, scale = 5, 11, 0.37
+    s = (rng.standard_normal((3 * rows, keys)) * 4).astype(np.float32)  # three slices
+    pos = (r0 + np.arange(3 * rows) % rows) // groups + shift
+    hidden = np.arange(keys)[None, :] > pos[:, None]
+    p, lse = s.copy(), np.empty(3 * rows, np.float32)
+    att.softmax_rows(p, lse, np.float32(scale), (rows, r0, groups, shift))
+    z = np.where(hidden, -np.inf, s.astype(np.float64) * scale)
+    seen = ~hidden.all(1)
+    ref_lse = np.log(np.exp(z[seen]).sum(1))
+    np.testing.assert_allclose(lse[seen], ref_lse, rtol=1e-6)
+    np.testing.assert_allclose(p[seen], np.exp(z[seen] - ref_lse[:, None]), atol=1e-6)
+    assert np.all(p[hidden] == 0)
+    # transposed (keys x queries), one slice: p <- exp(p * scale - lse), hidden keys 0
+    pt = s[:rows].T.copy()[None]  # (1, keys, rows)
+    lse_t = rng.standard_normal((1, rows)).astype(np.float32)
+    att.probs_t(pt, np.float32(scale), lse_t, (rows, r0, groups, shift))
+    want = np.exp(s[:rows].T.astype(np.float64) * scale - lse_t[0][None, :])
+    want[hidden[:rows].T] = 0.0
+    np.testing.assert_allclose(pt[0], want, rtol=2e-6, atol=1e-30)
+    assert np.all(pt[0][hidden[:rows].T] == 0)
 
 
 @pytest.mark.parametrize("rows", [3, 400])  # under and over SERIAL_MAX elements (one thread / all)
@@ -280,7 +308,7 @@ def test_row_kernels_serial_and_parallel_branches(rows):
     ew.swiglu_fwd(x, up, y)
     np.testing.assert_allclose(y, x / (1 + np.exp(-x)) * up, rtol=1e-12)
     s, lse = x.copy(), np.empty(rows)
-    att.softmax_rows(s, lse)
+    att.softmax_rows(s, lse, 1.0, att.NO_CAUSAL)
     np.testing.assert_allclose(lse, np.log(np.exp(x).sum(1)), rtol=1e-12)
     np.testing.assert_allclose(s, np.exp(x - lse[:, None]), rtol=1e-12)
     xr = x.reshape(1, rows, 9, 64)

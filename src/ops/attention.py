@@ -1,7 +1,8 @@
 """Fused causal scaled-dot-product attention with grouped KV heads (one tape node).
 
 Saves q, k, v, the output and the row log-sum-exp; the probabilities are recomputed in backward
-and the causal mask is built per block, so nothing of size T x S exists beyond one block of
+and the mask applies per block (the causal part inside the softmax kernels, padding and packed
+segments as -inf written into the block), so nothing of size T x S exists beyond one block of
 scores: the op's memory grows linearly in T (flash attention's blocking). Queries go in blocks
 of QUERY_CHUNK positions and each block only meets the keys it can see (a prefix), which skips
 most of the causally masked half of the scores. Every batched matmul gets operands whose last
@@ -67,6 +68,18 @@ class CausalMask:
         return CausalMask(self.xp, self.t, self.s, self.groups, pick(self.key_valid),
                           pick(self.segments))
 
+    def apply(self, scores, r0, r1, transposed=False):
+        """Mask a block of scores of grouped query rows [r0, r1) (B, Hkv, rows, e), or its
+        transpose: padding and segments are written as -inf here; the causal part is returned
+        as the row kernels' `causal` limit (kernels/cpu/attention.py) — or, with a per-row
+        mask, written too (None returned)."""
+        if self.per_row:
+            blocked = self.block(r0, r1, scores.shape[-2 if transposed else -1])
+            self.xp.copyto(scores, -self.xp.inf,
+                           where=self.xp.swapaxes(blocked, -1, -2) if transposed else blocked)
+            return None
+        return (r1 - r0, r0, self.groups, self.s - self.t)
+
     def block(self, r0, r1, e):
         """True where a score of grouped query rows [r0, r1) and keys [0, e) is masked."""
         xp = self.xp
@@ -99,9 +112,7 @@ class Attention(Function):
         lse = xp.empty(qg.shape[:3] + (1,), dtype=qg.dtype)  # (B, Hkv, T*G, 1)
         for r0, r1, e in query_blocks(t, s, h // n_kv):
             sc = qg[:, :, r0:r1] @ kt[..., :e]  # (B, Hkv, rows, e)
-            sc *= self.scale
-            xp.copyto(sc, -xp.inf, where=mask.block(r0, r1, e))
-            lse[:, :, r0:r1] = kernels.softmax_(xp, sc)
+            lse[:, :, r0:r1] = kernels.softmax_(xp, sc, self.scale, mask.apply(sc, r0, r1))
             og[:, :, r0:r1] = sc @ vv[:, :, :e]
         self.t = t
         self.save(qg, kc, vv, og, lse, mask)
@@ -137,8 +148,8 @@ class Attention(Function):
         for i, (r0, r1, e) in enumerate(reversed(query_blocks(t, s, qg.shape[2] // t))):
             qc, dc = qg[:, :, r0:r1], dog[:, :, r0:r1]  # (b, Hkv, rows, D)
             pt = kc[:, :, :e] @ _contig_t(xp, qc)  # (b, Hkv, e, rows)
-            xp.copyto(pt, -xp.inf, where=xp.swapaxes(mask.block(r0, r1, e), -1, -2))
-            kernels.probs_t_(xp, pt, self.scale, _contig_t(xp, lse[:, :, r0:r1]))
+            causal = mask.apply(pt, r0, r1, transposed=True)
+            kernels.probs_t_(xp, pt, self.scale, _contig_t(xp, lse[:, :, r0:r1]), causal)
             dpt = vv[:, :, :e] @ _contig_t(xp, dc)  # (b, Hkv, e, rows)
             kernels.dscores_t_(xp, dpt, pt, _contig_t(xp, delta[:, :, r0:r1]), self.scale)
             dqg[:, :, r0:r1] = _contig_t(xp, kt[..., :e] @ dpt)  # (b, Hkv, rows, D)
