@@ -33,7 +33,7 @@ class LoraLinear(Module):
         with device.memory.category("adapters"):
             self.lora_magnitude_vector = Tensor(norms, self.lora_A.device).require_grad()
 
-    def forward(self, x):
+    def forward(self, x, value=True):
         mag = self.lora_magnitude_vector
         norm = None
         if mag is not None:
@@ -41,7 +41,7 @@ class LoraLinear(Module):
                              x.device)
         p = self.dropout if self.training else 0.0
         return LoraMatmul.apply(x, self.lora_A, self.lora_B, mag, self.bias, weight=self.weight,
-                                scale=self.scale, dropout=p, norm=norm)
+                                scale=self.scale, dropout=p, norm=norm, value=value)
 
     def delta_weight(self):
         """s * B @ A as a float32 numpy array (out, in), for merging."""

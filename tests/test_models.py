@@ -6,7 +6,7 @@ import math
 import model_factory as mf
 import numpy as np
 import pytest
-from packlora import Device
+from packlora import Device, LoraConfig, apply_lora, kernels
 from packlora.errors import ModelError
 from packlora.generate import generate_ids
 from packlora.models import KVCache, ModelConfig, load_model
@@ -245,6 +245,30 @@ def test_gradient_checkpointing_same_loss_and_grads(files, arch, kind, qname):
     for a, b in zip(g0, g1):
         assert np.abs(a).max() > 1e-4
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_checkpoint_recompute_skips_the_down_projection(files, monkeypatch):
+    """Backward under checkpointing re-runs each layer for its tape only: every packed product
+    is computed again except the MLP's down projection, whose output nothing reads there."""
+    path, _ = files("llama", "f32")
+    model = load_model(path, device=Device.cpu().autodiff(), quant=QUANTS["nf4"])
+    apply_lora(model, LoraConfig(rank=2, alpha=4, targets=["q_proj", "down_proj"]))
+    model.grad_checkpointing = True
+    calls = []
+    real = kernels.linear_fwd
+    monkeypatch.setattr(kernels, "linear_fwd",
+                        lambda x, w, **kw: calls.append(id(w)) or real(x, w, **kw))
+    ids = _ids(4)
+    loss = model.loss(ids, ids)
+    forward, calls[:] = list(calls), []
+    loss.backward()
+    layers = model.model.layers
+    downs = {id(layer.mlp.down_proj.weight) for layer in layers}
+    ups = {id(layer.mlp.up_proj.weight) for layer in layers}
+    assert sum(w in downs for w in forward) == len(layers)
+    assert sum(w in ups for w in forward) == sum(w in ups for w in calls) == len(layers)
+    assert not any(w in downs for w in calls)
+    assert all(layer.mlp.down_proj.lora_B.grad is not None for layer in layers)
 
 
 @pytest.mark.parametrize("arch,kind,qname", [("qwen2", "f32", "none"),

@@ -39,8 +39,10 @@ class MLP(Module):
     def __init__(self, gate_proj, up_proj, down_proj):
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
-    def forward(self, x):
-        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+    def forward(self, x, value=True):
+        """value=False: the down projection records its op but skips its product (see
+        DecoderLayer.recompute)."""
+        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)), value=value)
 
 
 class DecoderLayer(Module):
@@ -50,9 +52,15 @@ class DecoderLayer(Module):
         self.post_attention_layernorm = post_attention_layernorm
         self.mlp = mlp
 
-    def forward(self, h, cos, sin, cache=None, segments=None):
+    def forward(self, h, cos, sin, cache=None, segments=None, value=True):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, segments)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h), value)
+
+    def recompute(self, h, cos, sin, cache=None, segments=None):
+        """forward as gradient checkpointing re-runs it in backward: only the tape is used
+        there, never the block's output, so the MLP's down projection (a seventh of the
+        layer's products, a fifth of a 7B layer's) is not computed again."""
+        return self.forward(h, cos, sin, cache, segments, value=False)
 
 
 class Backbone(Module):
@@ -109,7 +117,7 @@ class LlamaForCausalLM(Module):
         for i, layer in enumerate(self.model.layers):
             layer_cache = cache.layer(i) if cache is not None else None
             if self.grad_checkpointing and cache is None:
-                h = checkpoint(layer, h, cos, sin, None, segments)
+                h = checkpoint(layer, h, cos, sin, None, segments, recompute=layer.recompute)
             else:
                 h = layer(h, cos, sin, layer_cache, segments)
         if cache is not None:

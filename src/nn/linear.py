@@ -12,8 +12,8 @@ class PackedLinear(Module):
         self.bias = bias
         self.out_features, self.in_features = weight.shape
 
-    def forward(self, x):
-        return PackedMatmul.apply(x, self.bias, weight=self.weight)
+    def forward(self, x, value=True):
+        return PackedMatmul.apply(x, self.bias, weight=self.weight, value=value)
 
     def __repr__(self):
         return f"PackedLinear({self.in_features}->{self.out_features}, {self.weight.format})"
@@ -27,7 +27,8 @@ class Linear(Module):
         self.bias = bias
         self.out_features, self.in_features = weight.shape
 
-    def forward(self, x):
+    def forward(self, x, value=True):
+        """value: ignored (the product is one recorded matmul; a dense base computes it)."""
         y = x @ self.weight.T
         return y + self.bias if self.bias is not None else y
 

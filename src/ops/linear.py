@@ -21,13 +21,18 @@ def frozen_bwd(g, w, device):
 class PackedMatmul(Function):
     """y = x @ W.T (+ bias) with W packed. Saves only the packed weight; returns dx (and dbias)."""
 
-    def forward(self, x, bias, weight=None):
+    def forward(self, x, bias, weight=None, value=True):
+        """value=False: the output's value is never read (a checkpoint's recompute of its
+        block's last product, see DecoderLayer.recompute): zeros instead of the product."""
         self.weight = weight
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])  # (M, K)
         if x2.dtype != self.xp.float32:
             x2 = x2.astype(self.xp.float32)
-        y = kernels.linear_fwd(self.xp.ascontiguousarray(x2), weight, device=self.device)
+        if not value:
+            y = self.xp.zeros((x2.shape[0], weight.shape[0]), self.xp.float32)
+        else:
+            y = kernels.linear_fwd(self.xp.ascontiguousarray(x2), weight, device=self.device)
         if bias is not None:
             y += bias
         self.in_dtype = x.dtype

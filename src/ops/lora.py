@@ -17,7 +17,10 @@ from .linear import frozen_bwd, frozen_fwd
 class LoraMatmul(Function):
     """Inputs: x (..., K), A (r, K), B (N, r), magnitude (N,) or None, bias (N,) or None."""
 
-    def forward(self, x, a, b, mag, bias, weight=None, scale=1.0, dropout=0.0, norm=None):
+    def forward(self, x, a, b, mag, bias, weight=None, scale=1.0, dropout=0.0, norm=None,
+                value=True):
+        """value=False: the output's value is never read (PackedMatmul.forward), so LoRA skips
+        both products; what backward needs is saved as always (DoRA computes it anyway)."""
         xp = self.xp
         lead = x.shape[:-1]
         x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))  # (M, K)
@@ -27,7 +30,9 @@ class LoraMatmul(Function):
             xd = x2 * mask * np.float32(1.0 / (1.0 - dropout))
         xa = xd @ a.T  # (M, r)
         factor = None
-        if mag is None:
+        if mag is None and not value:
+            y = xp.zeros((x2.shape[0], b.shape[0]), np.float32)
+        elif mag is None:
             y = frozen_fwd(x2, weight, self.device)  # (M, N)
             kernels.add_product(y, xa * np.float32(scale), b.T, self.device)
         else:
