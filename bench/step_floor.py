@@ -6,7 +6,8 @@ BLAS on hot operands: the frozen linears' forward and input gradient, the LoRA p
 attention's score blocks (ops/attention.py's blocking), the LM head in its 256-row chunks. Nothing
 else — no decode of packed weights, no norms, RoPE, SwiGLU, softmax, cross-entropy, optimizer or
 Python — so no implementation of that step on this machine's BLAS can be faster than this.
-Checkpointing on adds the layers' forward products once more (the recompute).
+Checkpointing on adds the layers' forward products once more (the recompute), all but the
+down projection's (DecoderLayer.recompute).
 
 Usage: python bench/step_floor.py [--batch 4] [--seq 256] [--rank 16]
 """
@@ -88,14 +89,14 @@ def main():
     rng = np.random.default_rng(0)
     m, dm, f = a.batch * a.seq, cfg.hidden_size, cfg.intermediate_size
     qo, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    shapes = [(qo, dm), (kv, dm), (kv, dm), (dm, qo), (f, dm), (f, dm), (dm, f)]
+    shapes = [(qo, dm), (kv, dm), (kv, dm), (dm, qo), (f, dm), (f, dm), (dm, f)]  # down last
     lin = [linear_s(rng, m, n, k, a.rank) for n, k in shapes]
     att = attention_s(rng, cfg, a.batch, a.seq)
     layer_fwd = sum(x[0] for x in lin) + att[0]
     layer_bwd = sum(x[1] for x in lin) + att[1]
     head = head_s(rng, cfg, m)
     off = cfg.num_layers * (layer_fwd + layer_bwd) + head
-    on = off + cfg.num_layers * layer_fwd
+    on = off + cfg.num_layers * (layer_fwd - lin[-1][0])
     print(json.dumps({
         "bench": "step_floor", "cpu": cpu_name(), "batch": a.batch, "seq": a.seq,
         "lora_rank": a.rank, "layers": cfg.num_layers,
