@@ -6,7 +6,7 @@ once. Backward walks blocks from the last to the first, so a buffer lives until 
 block of its earliest holder is done. Follows src/models/llama.py and the ops it calls
 (tests/test_activation_tape.py compares it with a real tape, block by block):
 RMSNorm saves r (rows,); RoPE keeps only the cos/sin tables; Attention saves grouped q, contiguous
-k and v, the output and the row log-sum-exp (its causal mask is built per block); LoraMatmul
+k and v, the output and the row log-sum-exp (its mask applies per block); LoraMatmul
 saves x (a view; none when SwiGLU made x, which remakes it, but in a checkpoint's recompute),
 x·Aᵀ and, with dropout, its mask and dropped input; PackedMatmul saves nothing.
 """
@@ -104,7 +104,7 @@ class BlockModel:
         vv = g.new(M * hkv * hd * F32) if copy_kv else v.buf
         og = g.new(M * h * hd * F32)
         lse = g.new(B * h * T * F32)
-        # the causal mask is built per block of scores (ops/attention.py): nothing T x T is kept
+        # the mask applies per block of scores (ops/attention.py): nothing T x T is kept
         out = g.op([q, k, v], og, [qg, kc, vv, og, lse])  # a (B, T, H, D) view of og
         # the block's reshape to (B, T, H*D) copies that strided view
         return g.op([out], g.new(M * h * hd * F32)) if copy_q else out
