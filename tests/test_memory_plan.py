@@ -64,9 +64,11 @@ def test_base_bytes_by_hand(fmt, bs, dq):
                                                  ("nf4", "auto", "q8_0"),
                                                  ("none", "auto", "none")])
 def test_embedding_format_is_its_own_choice(fmt, embeddings, want):
-    cats = _plan([f"quant.format={fmt}", f"quant.embeddings={embeddings}"])["plan"]["categories"]
+    rep = _plan([f"quant.format={fmt}", f"quant.embeddings={embeddings}"])
     emb = 2 * hand_packed(want, V, D, 32, False)
-    assert cats["base_other"] == emb + (2 * L + 1) * D * 4
+    assert rep["plan"]["categories"]["base_other"] == emb + (2 * L + 1) * D * 4
+    # the report says which format the embedding and head take (None: float32)
+    assert rep["run"]["quant"]["embeddings"] == (None if want == "none" else want)
 
 
 def test_adapter_grads_optimizer_logits_kv_by_hand():

@@ -130,7 +130,8 @@ def print_report(rep, console=None):
     run = rep["run"]
     console.print(f"[bold]{run['model']}[/]  batch {run['batch_size']} × seq {run['seq_len']}, "
                   f"checkpointing {'on' if run['grad_checkpointing'] else 'off'}, "
-                  f"quant {run['quant']['format']}, LoRA r={run['lora']['rank']}")
+                  f"quant {run['quant']['format']} (embedding and head "
+                  f"{run['quant'].get('embeddings') or 'float'}), LoRA r={run['lora']['rank']}")
     dist = rep["plan"].get("distributed", {})
     if dist.get("ranks", 1) > 1:
         console.print(f"per rank of {dist['ranks']}: batch {dist['batch_per_rank']} of the global "
