@@ -21,6 +21,7 @@ from .fused_rows import (
     ce_forward,
     dscores_t_,
     probs_t_,
+    query_positions,
     rmsnorm_bwd,
     rmsnorm_fwd,
     rope_rotate,
@@ -184,6 +185,6 @@ def _cuda_rows(w, rows, out):
 
 __all__ = ["adamw8_update", "linear_fwd", "linear_bwd", "dequantize_rows", "gather_rows",
            "add_product", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope_rotate",
-           "softmax_", "probs_t_", "dscores_t_", "ce_forward", "ce_backward_",
+           "softmax_", "probs_t_", "dscores_t_", "query_positions", "ce_forward", "ce_backward_",
            "DEFAULT_SCRATCH_CAP", "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD",
            "column_align", "tile_plan", "cuda_scratch_need"]

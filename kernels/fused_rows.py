@@ -89,12 +89,16 @@ def rope_rotate(xp, x, c, s, sign):
 
 
 # -- attention score blocks -------------------------------------------------------------------
-def _causal_hidden(xp, shape, causal):
-    """True where a (rows, S) block of scores lies beyond its rows' causal limits (see
+def query_positions(xp, causal):
+    """(rows,) positions of a block's grouped query rows: the last key each may see (see
     cpu/attention.py for `causal`)."""
     rows, r0, groups, shift = causal
-    pos = (r0 + xp.arange(rows)) // groups + shift
-    return xp.arange(shape[-1])[None, :] > pos[:, None]
+    return (r0 + xp.arange(rows)) // groups + shift
+
+
+def _causal_hidden(xp, keys, causal):
+    """True where a (rows, keys) block of scores lies beyond its rows' causal limits."""
+    return xp.arange(keys)[None, :] > query_positions(xp, causal)[:, None]
 
 
 def softmax_(xp, sc, scale=1.0, causal=None):
@@ -107,7 +111,7 @@ def softmax_(xp, sc, scale=1.0, causal=None):
         return lse
     sc *= scale
     if causal is not None:
-        xp.copyto(sc, -xp.inf, where=_causal_hidden(xp, sc.shape, causal))
+        xp.copyto(sc, -xp.inf, where=_causal_hidden(xp, sc.shape[-1], causal))
     m = sc.max(axis=-1, keepdims=True)
     sc -= m
     xp.exp(sc, out=sc)
@@ -129,8 +133,7 @@ def probs_t_(xp, pt, scale, lse_t, causal=None):
     pt -= lse_t
     xp.exp(pt, out=pt)
     if causal is not None:
-        pt[xp.broadcast_to(_causal_hidden(xp, pt.shape[-1:] + pt.shape[-2:-1], causal).T,
-                           pt.shape)] = 0.0
+        pt[xp.broadcast_to(_causal_hidden(xp, pt.shape[-2], causal).T, pt.shape)] = 0.0
 
 
 def dscores_t_(xp, dpt, pt, delta_t, scale):

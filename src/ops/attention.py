@@ -68,30 +68,33 @@ class CausalMask:
         return CausalMask(self.xp, self.t, self.s, self.groups, pick(self.key_valid),
                           pick(self.segments))
 
+    def limit(self, r0, r1):
+        """The causal limit of grouped query rows [r0, r1), as the row kernels take it
+        (kernels/cpu/attention.py's `causal`)."""
+        return (r1 - r0, r0, self.groups, self.s - self.t)
+
     def apply(self, scores, r0, r1, transposed=False):
         """Mask a block of scores of grouped query rows [r0, r1) (B, Hkv, rows, e), or its
-        transpose: padding and segments are written as -inf here; the causal part is returned
-        as the row kernels' `causal` limit (kernels/cpu/attention.py) — or, with a per-row
-        mask, written too (None returned)."""
+        transpose, and return its causal limit for the row kernels, which apply that part;
+        padding and packed segments are written here as -inf."""
         if self.per_row:
             blocked = self.block(r0, r1, scores.shape[-2 if transposed else -1])
             self.xp.copyto(scores, -self.xp.inf,
                            where=self.xp.swapaxes(blocked, -1, -2) if transposed else blocked)
-            return None
-        return (r1 - r0, r0, self.groups, self.s - self.t)
+        return self.limit(r0, r1)
 
     def block(self, r0, r1, e):
-        """True where a score of grouped query rows [r0, r1) and keys [0, e) is masked."""
-        xp = self.xp
-        pos = (xp.arange(r0, r1) // self.groups + (self.s - self.t))[:, None]  # (rows, 1)
-        cols = xp.arange(e)[None, :]
-        blocked = cols > pos  # (rows, e)
-        if self.segments is not None:  # block-diagonal: (B, 1, rows, e)
+        """True where padding or packed segments hide a score of grouped query rows [r0, r1)
+        and keys [0, e), (B, 1, rows, e) (a per-row mask; the causal part is `limit`'s)."""
+        pos = kernels.query_positions(self.xp, self.limit(r0, r1))[:, None]  # (rows, 1)
+        hidden = None
+        if self.segments is not None:  # block-diagonal
             q_seg = self.segments[:, pos[:, 0]][:, None, :, None]
-            blocked = blocked | (q_seg != self.segments[:, None, None, :e])
-        if self.key_valid is None:
-            return blocked
-        return blocked | (~self.key_valid[:, None, None, :e] & (cols != pos))
+            hidden = q_seg != self.segments[:, None, None, :e]
+        if self.key_valid is not None:  # a padding key is hidden from all but itself
+            pad = ~self.key_valid[:, None, None, :e] & (self.xp.arange(e)[None, :] != pos)
+            hidden = pad if hidden is None else hidden | pad
+        return hidden
 
 
 class Attention(Function):
