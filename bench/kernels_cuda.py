@@ -1,6 +1,7 @@
 """GPU packed linear (forward y = x @ W.T and backward dx = dy @ W) against cuBLAS, as JSON.
 
-Three ways to the same product, taking turns call by call (CUDA-event times, median and best):
+Three ways to the same product, taking turns call by call (CUDA-event times, median and best;
+"_host_ms": the host time a call took to return, launches queued):
   packed        packlora's entry point with a Device: fused decode-and-multiply for M <= 16,
                 decoded tiles of W (at most the device's scratch) through cuBLAS above;
   deq_cublas    decode the whole W into a fresh dense array, then cuBLAS (what bitsandbytes
@@ -14,6 +15,7 @@ Usage: python bench/kernels_cuda.py [--formats nf4+dq,q4_k,q8_0] [--ms 1,16,512,
 import argparse
 import json
 import sys
+import time
 
 import packlora  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
@@ -38,16 +40,20 @@ def _gpu():
 
 
 def _event_time(cp, fn):
+    """(GPU time between events around the call, host time the call took to return) in s."""
     start, stop = cp.cuda.Event(), cp.cuda.Event()
     start.record()
+    t0 = time.perf_counter()
     fn()
+    host = time.perf_counter() - t0
     stop.record()
     stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / 1e3
+    return cp.cuda.get_elapsed_time(start, stop) / 1e3, host
 
 
 def _turns(cp, calls, reps):
-    """{name: (median s, best s)}: the calls take turns, rep after rep (after one warm-up)."""
+    """{name: (median s, best s, median host s)}: the calls take turns, rep after rep (after
+    one warm-up). Host time is what the call cost before returning (launches are queued)."""
     for fn in calls.values():
         fn()
     cp.cuda.get_current_stream().synchronize()
@@ -55,7 +61,8 @@ def _turns(cp, calls, reps):
     for _ in range(reps):
         for name, fn in calls.items():
             times[name].append(_event_time(cp, fn))
-    return {n: (float(np.median(t)), float(min(t))) for n, t in times.items()}
+    return {n: (float(np.median([g for g, _ in t])), float(min(g for g, _ in t)),
+                float(np.median([h for _, h in t]))) for n, t in times.items()}
 
 
 def _rel(cp, got, ref):
@@ -83,6 +90,7 @@ def bench(cp, dev, fmt, n, k, ms, reps, rng):
         row = {"M": m, "max_rel_err": err}
         for name, t in (("fwd", fwd), ("bwd", bwd)):
             row.update({f"{name}_{side}_ms": round(t[side][0] * 1e3, 4) for side in t})
+            row.update({f"{name}_{side}_host_ms": round(t[side][2] * 1e3, 4) for side in t})
             row[f"{name}_vs_deq_cublas"] = round(t["packed"][0] / t["deq_cublas"][0], 3)
             row[f"{name}_vs_dense"] = round(t["packed"][0] / t["dense"][0], 3)
         rows.append(row)

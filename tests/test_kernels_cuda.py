@@ -124,6 +124,20 @@ def _sim_gather(quantize, rng):
     return errs
 
 
+def _sim_weight_args(ops, quantize, rng):
+    """A weight's kernel arguments are made once; replacing a buffer makes them again."""
+    from packlora.kernels.cuda.launch import weight_args
+    w = quantize(rng.standard_normal((6, 64)).astype(np.float32), "q8_0")
+    other = quantize(rng.standard_normal((6, 64)).astype(np.float32), "q8_0")
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    first = weight_args(w, np)
+    before = _rel_err(ops.linear_fwd(x, w), x @ w.dequantize().T)
+    kept = weight_args(w, np) is first
+    w.buffers["blocks"] = other.buffers["blocks"]
+    return {"kept": kept, "remade": weight_args(w, np) is not first, "before": before,
+            "after": _rel_err(ops.linear_fwd(x, w), x @ other.dequantize().T)}
+
+
 def _simulator_main():
     sys.setswitchinterval(1e-4)
     from numba import config
@@ -136,6 +150,7 @@ def _simulator_main():
     out["fp16_scales"] = _sim_fp16_scales(ops, quantize, rng)
     out["api"] = _sim_api(ops, quantize, rng)
     out["gather"] = _sim_gather(quantize, rng)
+    out["weight_args"] = _sim_weight_args(ops, quantize, rng)
     print(json.dumps(out))
 
 
@@ -181,6 +196,12 @@ def test_simulator_api_and_errors(sim):
     assert "out must be float32 (2, 9)" in res["bad_out"]
 
 
+def test_simulator_weight_args_follow_buffers(sim):
+    res = sim["weight_args"]
+    assert res["kept"] and res["remade"], res
+    assert res["before"] < 2e-5 and res["after"] < 2e-5, res
+
+
 # ---------------------------------------------------------------- real GPU (cupy)
 def _cupy():
     try:
@@ -223,6 +244,28 @@ def test_gpu_matches_dense(fmt, dq, m):
     for got, ref in [(y, x @ dense.T), (dx, dy @ dense)]:
         err = float(cp.abs(got - ref).max() / cp.abs(ref).max())
         assert err < 1e-4, f"{fmt} dq={dq} M={m}: rel err {err}"
+
+
+@pytest.mark.gpu
+def test_gpu_weight_args_are_kept_device_views():
+    cp = _cupy()
+    from numba import cuda
+    from packlora import Device
+    from packlora.kernels.cuda import ops
+    from packlora.kernels.cuda.launch import weight_args
+    from packlora.quant import quantize
+    rng = np.random.default_rng(2)
+    dev = Device.cuda(0)
+    w, other = (quantize(rng.standard_normal((64, 256)).astype(np.float32), "q8_0")
+                .to_device(dev) for _ in range(2))
+    first = weight_args(w, cp)
+    assert weight_args(w, cp) is first
+    assert all(cuda.is_cuda_array(a) and not isinstance(a, cp.ndarray) for a in first
+               if not isinstance(a, int))
+    x = cp.asarray(rng.standard_normal((3, 256)).astype(np.float32))   # (M, K)
+    w.buffers["blocks"] = other.buffers["blocks"]
+    ref = x @ cp.asarray(other.dequantize()).T
+    assert float(cp.abs(ops.linear_fwd(x, w) - ref).max() / cp.abs(ref).max()) < 1e-5
 
 
 if __name__ == "__main__":

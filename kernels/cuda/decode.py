@@ -5,15 +5,15 @@ from numba import cuda, float32, int32
 from ...quant import REGISTRY
 from ..format_ids import FP4, INT8, NF4, Q4_0, Q4_1, Q8_0
 from .bits import half_to_float, signed_byte
-from .decode_k import block_shape, block_value
+from .decode_k import BLOCK_BYTES, BLOCK_ELEMS, block_value
 
 __all__ = ["FP4", "INT8", "NF4", "Q4_0", "Q4_1", "Q8_0", "decode_run"]
 
 # The ggml layouts the decoders read, as constants of the compiled kernels.
 _Q4_0, _Q4_1, _Q8_0 = (REGISTRY[n].layout for n in ("q4_0", "q4_1", "q8_0"))
-Q4_0_BYTES, Q4_0_CODES = _Q4_0.nbytes, _Q4_0.codes_at
-Q4_1_BYTES, Q4_1_CODES, Q4_1_MIN = _Q4_1.nbytes, _Q4_1.codes_at, _Q4_1.min_at
-Q8_0_BYTES, Q8_0_CODES = _Q8_0.nbytes, _Q8_0.codes_at
+Q4_0_CODES = _Q4_0.codes_at
+Q4_1_CODES, Q4_1_MIN = _Q4_1.codes_at, _Q4_1.min_at
+Q8_0_CODES = _Q8_0.codes_at
 GGML_ELEMS = _Q4_0.elems
 GGML_SHIFT = GGML_ELEMS.bit_length() - 1
 assert GGML_ELEMS == 32 and _Q4_1.elems == _Q8_0.elems == GGML_ELEMS
@@ -55,7 +55,8 @@ def decode_run_flat(dst, r, c, dr, dc, cnt, i, fmt, bs, dq, q, absmax, amq, amco
 @cuda.jit(device=True, cache=True)
 def decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
     """q5_0 / q5_1 / K-quants / f16 / bf16: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
-    elems, bpb = block_shape(fmt)
+    elems = BLOCK_ELEMS[fmt]
+    bpb = BLOCK_BYTES[fmt]
     row = n * (kdim // elems) * bpb
     for t in range(cnt):
         kk = k + t
@@ -65,7 +66,7 @@ def decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
 @cuda.jit(device=True, cache=True)
 def decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
     """q4_0 / q4_1 / q8_0: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
-    bpb = Q8_0_BYTES if fmt == Q8_0 else (Q4_0_BYTES if fmt == Q4_0 else Q4_1_BYTES)
+    bpb = BLOCK_BYTES[fmt]
     row = n * (kdim >> GGML_SHIFT) * bpb
     d = float32(0.0)
     m = float32(0.0)

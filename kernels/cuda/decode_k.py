@@ -2,9 +2,11 @@
 (Q2_K..Q6_K) and 16-bit float rows (F16/BF16): one value of a block from its bytes. The value
 orders are quant/kquants.py's; every offset is the registry layout's, baked into the kernels
 as constants."""
+import numpy as np
 from numba import cuda, float32, int32
 
 from ...quant import REGISTRY
+from ...quant.registry import FLAT
 from ..format_ids import FORMAT_IDS
 from .bits import bf16_to_float, half_to_float, signed_byte
 
@@ -13,44 +15,29 @@ Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16 = (
                             "bf16"))
 _L5_0, _L5_1, _L2, _L3, _L4, _L5, _L6 = (
     REGISTRY[n].layout for n in ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
-Q5_0_BYTES, Q5_0_CODES, Q5_0_HIGH = _L5_0.nbytes, _L5_0.codes_at, _L5_0.high_bits_at
-Q5_1_BYTES, Q5_1_CODES, Q5_1_HIGH, Q5_1_MIN = (_L5_1.nbytes, _L5_1.codes_at, _L5_1.high_bits_at,
-                                               _L5_1.min_at)
-Q2_BYTES, Q2_CODES, Q2_SC, Q2_D, Q2_M = (_L2.nbytes, _L2.codes_at, _L2.sub_scales_at,
-                                         _L2.scale_at, _L2.min_at)
-Q3_BYTES, Q3_CODES, Q3_HIGH, Q3_SC, Q3_D = (_L3.nbytes, _L3.codes_at, _L3.high_bits_at,
-                                            _L3.sub_scales_at, _L3.scale_at)
-Q4_BYTES, Q4_CODES, Q4_SC, Q4_D, Q4_M = (_L4.nbytes, _L4.codes_at, _L4.sub_scales_at,
-                                         _L4.scale_at, _L4.min_at)
-Q5_BYTES, Q5_CODES, Q5_HIGH, Q5_SC, Q5_D, Q5_M = (_L5.nbytes, _L5.codes_at, _L5.high_bits_at,
-                                                  _L5.sub_scales_at, _L5.scale_at, _L5.min_at)
-Q6_BYTES, Q6_CODES, Q6_HIGH, Q6_SC, Q6_D = (_L6.nbytes, _L6.codes_at, _L6.high_bits_at,
-                                            _L6.sub_scales_at, _L6.scale_at)
-_LH = REGISTRY["f16"].layout
-HALF_ELEMS, HALF_BYTES = _LH.elems, _LH.nbytes
-assert REGISTRY["bf16"].layout == _LH
-
+Q5_0_CODES, Q5_0_HIGH = _L5_0.codes_at, _L5_0.high_bits_at
+Q5_1_CODES, Q5_1_HIGH, Q5_1_MIN = _L5_1.codes_at, _L5_1.high_bits_at, _L5_1.min_at
+Q2_CODES, Q2_SC, Q2_D, Q2_M = _L2.codes_at, _L2.sub_scales_at, _L2.scale_at, _L2.min_at
+Q3_CODES, Q3_HIGH, Q3_SC, Q3_D = _L3.codes_at, _L3.high_bits_at, _L3.sub_scales_at, _L3.scale_at
+Q4_CODES, Q4_SC, Q4_D, Q4_M = _L4.codes_at, _L4.sub_scales_at, _L4.scale_at, _L4.min_at
+Q5_CODES, Q5_HIGH, Q5_SC, Q5_D, Q5_M = (_L5.codes_at, _L5.high_bits_at, _L5.sub_scales_at,
+                                        _L5.scale_at, _L5.min_at)
+Q6_CODES, Q6_HIGH, Q6_SC, Q6_D = _L6.codes_at, _L6.high_bits_at, _L6.sub_scales_at, _L6.scale_at
 assert (Q4_SC, Q4_D, Q4_M) == (Q5_SC, Q5_D, Q5_M)  # _q45_k reads both at the same bytes
 
 
-@cuda.jit(device=True, cache=True)
-def block_shape(fmt):
-    """(values, bytes) per block of a format decoded here."""
-    if fmt == Q5_0:
-        return 32, Q5_0_BYTES
-    if fmt == Q5_1:
-        return 32, Q5_1_BYTES
-    if fmt == F16 or fmt == BF16:
-        return HALF_ELEMS, HALF_BYTES
-    if fmt == Q2_K:
-        return 256, Q2_BYTES
-    if fmt == Q3_K:
-        return 256, Q3_BYTES
-    if fmt == Q4_K:
-        return 256, Q4_BYTES
-    if fmt == Q5_K:
-        return 256, Q5_BYTES
-    return 256, Q6_BYTES
+def _block_table(field):
+    """A registry layout field (values or bytes per block) by format id, 0 for flat formats:
+    a constant array of the compiled kernels."""
+    table = np.zeros(len(FORMAT_IDS), np.int32)
+    for name, fid in FORMAT_IDS.items():
+        if REGISTRY[name].storage != FLAT:
+            table[fid] = getattr(REGISTRY[name].layout, field)
+    table.setflags(write=False)
+    return table
+
+
+BLOCK_ELEMS, BLOCK_BYTES = _block_table("elems"), _block_table("nbytes")
 
 
 @cuda.jit(device=True, cache=True)

@@ -8,7 +8,7 @@ from ...quant.packed import array_module
 from ..format_ids import checked_format
 from . import gemv, tiled
 from .gemm import Tile, gemm_kernel
-from .launch import is_cupy, launch, weight_args
+from .launch import is_cupy, launch
 
 SIM_TILE = Tile(tm=8, tc=16, tr=16, rm=4, rn=4, seg=8)  # 8 threads: fast in the simulator
 SMALL_M_TILE = Tile(tm=16, tc=64, tr=32, rm=1, rn=4, seg=8)  # 256 threads, M <= 16
@@ -107,22 +107,19 @@ def _launch(a, c, w, bwd, tile):
     grid = (*grid, _cdiv(a.shape[1], span))
     if grid[2] > 1:  # blocks along the reduction add their parts into c
         c[...] = 0
-    launch(gemm_kernel(tile), grid, tile.block,
-           [a, c, bwd, span] + weight_args(w, array_module(a)), result=1)
+    launch(gemm_kernel(tile), grid, tile.block, [a, c, bwd, span], w)
 
 
 def _launch_gemv(a, c, w, bwd):
     threads = 32 if config.ENABLE_CUDASIM else gemv.THREADS  # one warp: fast in the simulator
-    args = weight_args(w, array_module(a))
     if not bwd:  # a warp per row of W
-        launch(gemv.gemv_fwd, (_cdiv(c.shape[1], threads // 32),), threads, [a, c] + args,
-               result=1)
+        launch(gemv.gemv_fwd, (_cdiv(c.shape[1], threads // 32),), threads, [a, c], w)
         return
     n = a.shape[1]
     cols = _cdiv(c.shape[1], threads * gemv.BWD_SEG)
     rows = _cdiv(n, min(n, _cdiv(TARGET_BLOCKS, cols)))       # W's rows per block
     c[...] = 0
-    launch(gemv.gemv_bwd, (cols, _cdiv(n, rows)), threads, [a, c, rows] + args, result=1)
+    launch(gemv.gemv_bwd, (cols, _cdiv(n, rows)), threads, [a, c, rows], w)
 
 
 def _reduction_span(rdim, blocks, tr):

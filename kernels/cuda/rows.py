@@ -1,9 +1,8 @@
 """Decode chosen rows of a packed weight on the GPU (embedding lookups), one launch per call."""
 from numba import cuda
 
-from ...quant.packed import array_module
 from .decode import decode_run
-from .launch import launch, weight_args
+from .launch import launch
 
 RUN = 16  # elements one thread decodes, THREADS apart: a warp reads and writes neighbours
 THREADS = 256
@@ -30,6 +29,5 @@ def gather_rows(w, rows, out):
     if rows.size == 0 or k == 0:
         return out
     grid = (-(-k // (RUN * THREADS)), int(rows.size))
-    launch(_gather_kernel, grid, THREADS, [rows, out] + weight_args(w, array_module(out)),
-           result=1)
+    launch(_gather_kernel, grid, THREADS, [rows, out], w)
     return out
