@@ -69,6 +69,29 @@ def test_embedding_format_is_its_own_choice(fmt, embeddings, want):
     assert rep["plan"]["categories"]["base_other"] == emb + (2 * L + 1) * D * 4
     # the report says which format the embedding and head take (None: float32)
     assert rep["run"]["quant"]["embeddings"] == (None if want == "none" else want)
+    held = rep["run"]["held"]
+    assert held["embeddings"] == {"float32" if want == "none" else want: 2}
+    assert held["linears"] == {"float32" if fmt == "none" else fmt: len(SHAPES) * L}
+
+
+def test_report_names_the_formats_a_gguf_is_held_in():
+    """A GGUF's linears stay in their stored type whatever quant.format says (it applies to
+    float weights): the report counts the types the file stores (read by gguf's reader)."""
+    from collections import Counter
+
+    from gguf import GGUFReader
+    from model_factory import smollm_path
+    from packlora.memory.report import print_report, report_dict
+    from rich.console import Console
+    stored = Counter(t.tensor_type.name.lower() for t in GGUFReader(smollm_path()).tensors
+                     if t.name.startswith("blk.") and t.name.endswith(".weight")
+                     and "norm" not in t.name)
+    rep = report_dict("smollm2-135m-instruct", ["quant.format=nf4"])
+    assert rep["run"]["held"]["linears"] == dict(stored) and "nf4" not in stored
+    console = Console(width=400, record=True)
+    print_report(rep, console)
+    (fmt,) = stored
+    assert f"linears in {fmt}, embedding and head in" in console.export_text()
 
 
 def test_adapter_grads_optimizer_logits_kv_by_hand():

@@ -10,7 +10,7 @@ from ..errors import ModelError
 from ..lora_targets import targets_for
 from ..models.config import ModelConfig
 from ..models.sources import read_header
-from ..models.tensors import model_tensors, quant_record
+from ..models.tensors import EMBEDDING_WEIGHTS, held_formats, model_tensors, quant_record
 from ..training.distributed import check_global_batch
 from ..training.states import STATE_BITS
 
@@ -134,6 +134,8 @@ def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
         scratch_cap=int(scratch_cap or run.scratch_mib << 20))
     inputs.run = {"model": path, "device": run.device,
                   "quant": quant_record(run.quant, config.hidden_size),
+                  "held": {"linears": held_formats(linears.values()), "embeddings": held_formats(
+                      others[n] for n in EMBEDDING_WEIGHTS if n in others)},
                   "lora": {"rank": run.lora.rank, "targets": run.lora.targets,
                            "dropout": run.lora.dropout, "use_dora": run.lora.use_dora,
                            "init": run.lora.init, "loftq_iter": run.lora.loftq_iter},

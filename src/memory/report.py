@@ -125,13 +125,20 @@ def _alternatives_table(rep):
     return t
 
 
+def _formats(counts):
+    """'q4_1', or 'q5_0 ×166, q4_k ×16, ...' when the tensors are held in several formats."""
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{fmt} ×{n}" for fmt, n in counts.items())
+
+
 def print_report(rep, console=None):
     console = console or Console()
     run = rep["run"]
     console.print(f"[bold]{run['model']}[/]  batch {run['batch_size']} × seq {run['seq_len']}, "
                   f"checkpointing {'on' if run['grad_checkpointing'] else 'off'}, "
-                  f"quant {run['quant']['format']} (embedding and head "
-                  f"{run['quant'].get('embeddings') or 'float'}), LoRA r={run['lora']['rank']}")
+                  f"linears in {_formats(run['held']['linears'])}, embedding and head in "
+                  f"{_formats(run['held']['embeddings'])}, LoRA r={run['lora']['rank']}")
     dist = rep["plan"].get("distributed", {})
     if dist.get("ranks", 1) > 1:
         console.print(f"per rank of {dist['ranks']}: batch {dist['batch_per_rank']} of the global "

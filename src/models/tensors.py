@@ -6,6 +6,7 @@ load_model loads exactly this list and the memory planner prices exactly this li
 two cannot disagree about which tensors exist or how they are held."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from ..config_coerce import quant_config
@@ -75,6 +76,13 @@ def quant_record(quant, dim):
     stay float): what a model records of how it holds a float base (adapters keep it, and a merge
     into the quantized base replays it)."""
     return quant_spec(quant) | {"embeddings": embedding_spec(quant, dim)["format"]}
+
+
+def held_formats(specs):
+    """{format ("float32" for float arrays): how many of `specs` are held in it}, most common
+    first: what a loaded model actually keeps (stored GGUF types stay as stored)."""
+    counts = Counter(spec.format or "float32" for spec in specs)
+    return dict(counts.most_common())
 
 
 def _held(name, shape, stored, quant, category, quantize, place=None):
