@@ -10,6 +10,7 @@ from packlora.adapters import apply_lora
 from packlora.autodiff import Function, keeping_outputs
 from packlora.memory.activations import BlockModel
 from packlora.memory.inputs import plan_inputs
+from packlora.memory.planner import activation_detail
 from packlora.models import load_model
 from packlora.ops import checkpoint
 from packlora.ops.checkpoint import Checkpoint
@@ -92,6 +93,8 @@ def test_block_activations_equal_the_tape(folder, lora):
         held = _bytes(fns, skip) + _bytes(fns, skip, extra=True)
         assert held == g.held(i) - g.held(i - 1), (lora, i)
         assert g.held(i, tracked=False) == 0
+    # the report's "one block, all activations kept" is the last block's, as the tape has it
+    assert activation_detail(bm.inp)["per_block"] == held, lora
 
 
 @pytest.mark.parametrize("lora", list(LORAS))

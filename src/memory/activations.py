@@ -157,14 +157,18 @@ class BlockModel:
         self.head(g, h)
         return g
 
-    def recompute(self, i, input_tracked, parent_only=False):
-        """Tracked bytes of block i re-run with recording (its input excluded, output included)
-        and untracked bytes kept on ops (or, with parent_only, the bytes only the tape's
-        parent links keep)."""
+    def block_held(self, i, input_tracked, remake=True, parent_only=False):
+        """Tracked bytes block i keeps for its backward (its input excluded, output included)
+        and untracked bytes kept on its ops (or, with parent_only, the bytes only the tape's
+        parent links keep). remake=False: as a checkpoint's recompute runs it."""
         g = Graph()
         g.layer = i
         x = Val(Buf(0), input_tracked)
-        out = self.block(g, i, x, remake=False)
+        out = self.block(g, i, x, remake=remake)
         if parent_only:
             return g.parent_only()
         return g.held() + out.buf.nbytes, g.held(tracked=False)
+
+    def recompute(self, i, input_tracked, parent_only=False):
+        """block_held of block i re-run with recording by its checkpoint in backward."""
+        return self.block_held(i, input_tracked, False, parent_only)

@@ -186,14 +186,17 @@ def _mode_plan(inp, checkpointing):
 
 
 def activation_detail(inp):
-    """Per-block activation bytes with and without checkpointing, and logits chunked vs full."""
+    """Per-block activation bytes with and without checkpointing, and logits chunked vs full.
+    per_block: what one block adds to the tape without checkpointing (its input, which its first
+    norm saves, included); recompute_block: its checkpoint's recompute in backward."""
     bm = BlockModel(inp)
     cfg = inp.model
     last = cfg.num_layers - 1
-    rec, untracked = bm.recompute(last, True)
+    rec, _ = bm.recompute(last, True)
+    kept, untracked = bm.block_held(last, True)
     md = inp.tokens * cfg.hidden_size * F32
-    return {"per_block": rec - md, "per_block_untracked": untracked,
-            "per_block_parent_only": bm.recompute(last, True, parent_only=True),
+    return {"per_block": kept, "per_block_untracked": untracked,
+            "per_block_parent_only": bm.block_held(last, True, parent_only=True),
             "per_block_checkpointed": md, "recompute_block": rec,
             "logits_chunk": min(inp.loss_chunk, inp.tokens) * cfg.vocab_size * F32,
             "logits_full": inp.tokens * cfg.vocab_size * F32,
