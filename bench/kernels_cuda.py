@@ -6,7 +6,8 @@ Three ways to the same product, taking turns call by call (CUDA-event times, med
                 decoded tiles of W (at most the device's scratch) through cuBLAS above;
   deq_cublas    decode the whole W into a fresh dense array, then cuBLAS (what bitsandbytes
                 does per matmul, the dense copy included);
-  dense         cuBLAS on a dense W that already exists (the floor: no decode at all).
+  dense         cuBLAS on a dense W that already exists (the floor: no decode at all);
+  gemv, tile    at M <= 16, each of the two small-M kernels, whichever `packed` picks.
 All float32 (cuBLAS sgemm). Weights are random codes with small scales (timing does not depend
 on the values); each result is checked against the dense product.
 
@@ -22,6 +23,7 @@ import numpy as np
 from kernels import random_packed  # bench/kernels.py: random codes for every format
 from packlora import Device
 from packlora.kernels import dequantize_rows, linear_bwd, linear_fwd
+from packlora.kernels.cuda import ops as cuda_ops
 
 SHAPES = {"attn": (4096, 4096), "up": (11008, 4096), "down": (4096, 11008)}   # (N, K)
 FORMATS = ("nf4+dq", "q4_k", "q8_0")
@@ -69,6 +71,21 @@ def _rel(cp, got, ref):
     return float(cp.abs(got - ref).max() / cp.abs(ref).max())
 
 
+_REFS = ("deq_cublas", "dense")
+
+
+def _small_m(gemv_max, call):
+    """`call` with the GEMV kernels taking M <= gemv_max (0: the fused tile for every M)."""
+    def run():
+        saved = cuda_ops.GEMV_MAX_M
+        cuda_ops.GEMV_MAX_M = gemv_max
+        try:
+            return call()
+        finally:
+            cuda_ops.GEMV_MAX_M = saved
+    return run
+
+
 def bench(cp, dev, fmt, n, k, ms, reps, rng):
     w = random_packed(fmt, n, k, rng).to_device(dev)
     dense = cp.empty((n, k), cp.float32)
@@ -81,17 +98,26 @@ def bench(cp, dev, fmt, n, k, ms, reps, rng):
     for m in ms:
         x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32))   # (M, K)
         dy = cp.asarray(rng.standard_normal((m, n), dtype=np.float32))  # (M, N)
-        err = max(_rel(cp, linear_fwd(x, w, device=dev), x @ dense.T),
-                  _rel(cp, linear_bwd(dy, w, device=dev), dy @ dense))
-        fwd = _turns(cp, {"packed": lambda: linear_fwd(x, w, device=dev),
-                          "deq_cublas": lambda: x @ deq().T, "dense": lambda: x @ dense.T}, reps)
-        bwd = _turns(cp, {"packed": lambda: linear_bwd(dy, w, device=dev),
-                          "deq_cublas": lambda: dy @ deq(), "dense": lambda: dy @ dense}, reps)
+        fwd = {"packed": lambda: linear_fwd(x, w, device=dev),
+               "deq_cublas": lambda: x @ deq().T, "dense": lambda: x @ dense.T}
+        bwd = {"packed": lambda: linear_bwd(dy, w, device=dev),
+               "deq_cublas": lambda: dy @ deq(), "dense": lambda: dy @ dense}
+        if m <= cuda_ops.FUSED_MAX_M:  # both small-M kernels, whichever the default picks
+            for side, gemv_max in (("gemv", m), ("tile", 0)):
+                fwd[side] = _small_m(gemv_max, fwd["packed"])
+                bwd[side] = _small_m(gemv_max, bwd["packed"])
+        err = max([_rel(cp, fwd[s](), x @ dense.T) for s in fwd if s not in _REFS]
+                  + [_rel(cp, bwd[s](), dy @ dense) for s in bwd if s not in _REFS])
+        fwd, bwd = _turns(cp, fwd, reps), _turns(cp, bwd, reps)
         row = {"M": m, "max_rel_err": err}
         for name, t in (("fwd", fwd), ("bwd", bwd)):
             row.update({f"{name}_{side}_ms": round(t[side][0] * 1e3, 4) for side in t})
             row.update({f"{name}_{side}_host_ms": round(t[side][2] * 1e3, 4) for side in t})
             row[f"{name}_vs_deq_cublas"] = round(t["packed"][0] / t["deq_cublas"][0], 3)
+            for side in ("gemv", "tile"):
+                if side in t:
+                    row[f"{name}_{side}_vs_deq_cublas"] = round(t[side][0] / t["deq_cublas"][0],
+                                                                3)
             row[f"{name}_vs_dense"] = round(t["packed"][0] / t["dense"][0], 3)
         rows.append(row)
     return rows
