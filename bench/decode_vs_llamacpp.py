@@ -2,7 +2,9 @@
 
 Both sides load the shipped SmolLM2-135M-Instruct GGUF (Q4_1, embedding Q8_0), take the same
 prompt ids and decode greedily for a fixed number of new tokens without stopping at EOS;
-llama.cpp runs through llama-cpp-python (PyPI) with as many threads as packlora's Numba. Each
+llama.cpp runs through llama-cpp-python (PyPI) with as many threads as packlora's Numba, in a
+process of its own with the user's environment (bench/llama_cpp_decode.py), since packlora's
+OpenMP settings would apply to llama.cpp's threads in a shared process. Each
 turn times llama.cpp, then packlora; new tokens per second (prompt included in the time: a
 short prompt, as in chat turns), medians and bests over the turns, one JSON document. llama.cpp
 is also given by its own perf counters (its one-token evaluations alone: no Python, no
@@ -14,36 +16,49 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import packlora as pl  # noqa: I001  (first: thread settings before numpy loads OpenBLAS)
-import llama_cpp
-from llama_cpp import Llama
 from numba import get_num_threads
+from packlora import _env as pl_env
 from packlora.generate import generate_ids
 from packlora.models.resolve import resolve_source
 
 from hostinfo import cpu_name  # bench/hostinfo.py
 
+HERE = Path(__file__).resolve().parent
+
 MODEL = "smollm2-135m-instruct"
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 
 
-def llama_cpp_turn(llm, ids, new):
-    """Seconds to decode `new` tokens after `ids` through llama-cpp-python, the tokens, and
-    llama.cpp's own time for its one-token evaluations (its perf counters: no Python, no
-    sampling, no prompt)."""
-    llm.reset()
-    llama_cpp.llama_perf_context_reset(llm.ctx)
-    out = []
-    t0 = time.perf_counter()
-    for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-        out.append(tok)
-        if len(out) == new:
-            break
-    seconds = time.perf_counter() - t0
-    perf = llama_cpp.llama_perf_context(llm.ctx)
-    return seconds, out, perf.t_eval_ms / 1e3 / max(perf.n_eval, 1)
+class LlamaCpp:
+    """llama.cpp decoding in its own process (bench/llama_cpp_decode.py), started with the
+    environment as the user has it: none of the settings packlora gives its own process."""
+
+    def __init__(self, path, threads):
+        env = {k: v for k, v in os.environ.items() if k not in pl_env.APPLIED}
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "llama_cpp_decode.py"),
+                                      str(path), str(threads)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+
+    def turn(self, ids, new):
+        """(seconds, tokens, llama.cpp's own seconds per one-token evaluation)."""
+        self.proc.stdin.write(json.dumps({"ids": list(map(int, ids)), "new": new}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"decode_vs_llamacpp: llama.cpp's process ended "
+                             f"(exit {self.proc.wait()})")
+        res = json.loads(line)
+        return res["seconds"], res["tokens"], res["per_token"]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def packlora_turn(model, ids, new):
@@ -66,21 +81,21 @@ def main(argv=None):
     a = ap.parse_args(argv)
     threads = get_num_threads()
     path = resolve_source(MODEL)
-    llm = Llama(str(path), n_threads=threads, n_threads_batch=threads, n_ctx=512,
-                n_batch=512, verbose=False)
+    llm = LlamaCpp(path, threads)
     model = pl.load_model(MODEL)
     ids = model.tokenizer.encode(PROMPT, add_special_tokens=True)
-    llama_cpp_turn(llm, ids, 8), packlora_turn(model, ids, 8)  # warm-up: compile, page in
+    llm.turn(ids, 8), packlora_turn(model, ids, 8)  # warm-up: compile, page in
     times = {"llama_cpp": [], "packlora": []}
     agree, eval_s = [], []
     for _ in range(a.turns):
-        t_ref, ref, per_token = llama_cpp_turn(llm, ids, a.new)
+        t_ref, ref, per_token = llm.turn(ids, a.new)
         eval_s.append(per_token)
         t_ours, ours = packlora_turn(model, ids, a.new)
         times["llama_cpp"].append(t_ref)
         times["packlora"].append(t_ours)
         same = next((i for i, (x, y) in enumerate(zip(ref, ours)) if x != y), len(ours))
         agree.append(same)
+    llm.close()
     out = {k: summary(v, a.new) for k, v in times.items()}
     own = round(1.0 / min(eval_s), 1)
     out["llama_cpp"]["own_eval_tokens_per_s_best"] = own

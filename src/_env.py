@@ -3,11 +3,18 @@ import ctypes
 import os
 import sys
 
-# Numba's default OpenMP pool spins after each kernel and steals the cores OpenBLAS needs;
-# the workqueue layer does not. OpenBLAS threads go to sleep quickly between calls.
-os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+# Numba's parallel regions run on GNU OpenMP threads that spin briefly (GOMP_SPINCOUNT, which
+# outranks OMP_WAIT_POLICY) and then sleep: a region starts in ~2 us, where the workqueue layer
+# takes ~100 us, and the threads are asleep long before OpenBLAS needs the cores (OpenMP's
+# default spin steals them: a 2x slower step). Where the omp layer cannot load, workqueue
+# (tbb, last, is not measured here).
+# OpenBLAS threads go to sleep quickly between calls too.
+DEFAULTS = {"NUMBA_THREADING_LAYER_PRIORITY": "omp workqueue tbb", "GOMP_SPINCOUNT": "2000",
+            "OPENBLAS_THREAD_TIMEOUT": "1", "OMP_WAIT_POLICY": "passive"}
+# the variables set here rather than by the user: a benchmark's peer process runs without them
+APPLIED = tuple(var for var in DEFAULTS if var not in os.environ)
+for _var in APPLIED:
+    os.environ[_var] = DEFAULTS[_var]
 
 # Threads: PACKLORA_THREADS sets the BLAS and Numba pools outright. Under an MPI launcher the
 # cores of a host are shared by its ranks (MPICH/Hydra, Open MPI and Slurm say how many run
