@@ -1,9 +1,11 @@
 """Small-batch kernels on the SIMD walkers: W's rows are dotted or accumulated straight from their
 packed bytes, never written out as floats. They need K to be a multiple of 32 (simd_rows).
 
-Below PARALLEL_MIN weights x rows a call stays on one thread: with Numba's workqueue layer a
-parallel region costs ~0.1 ms, more than the work (576x1536 at M = 1: 0.1 ms serial, 0.13 ms
-parallel, measured on 2 cores)."""
+Below PARALLEL_MIN (forward) or PARALLEL_MIN_BWD weights x rows a call stays on one thread, where
+a parallel region costs more than it saves. Measured on 2 cores with Numba's OpenMP layer (Q4_1,
+M = 1, serial / parallel): 192x576 9 / 15 us backward, 576x576 29 / 24 us forward and 26 / 25
+backward, 1536x576 76 / 52 forward and 88 / 66 backward (the backward's per-thread accumulators
+are summed at the end). Under the workqueue layer every parallel call costs ~0.1 ms more."""
 import numpy as np
 from numba import njit, prange
 
@@ -11,7 +13,8 @@ from .fused import sum_parts
 from .simd import AXPY, DOT
 from .simd_rows import row_run
 
-PARALLEL_MIN = 1 << 23
+PARALLEL_MIN = 1 << 18
+PARALLEL_MIN_BWD = 1 << 19
 _ONE = np.float32(1.0)
 
 

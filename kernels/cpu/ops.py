@@ -125,7 +125,7 @@ def linear_bwd(dy, w, out, scratch, cap_elems):
     if dy.shape[0] == 0:
         return out
     if dy.shape[0] <= FUSED_MAX_M_BWD:
-        _small_bwd(dy, pk, K, out, dy.size * K < gemv.PARALLEL_MIN)
+        _small_bwd(dy, pk, K, out, dy.size * K < gemv.PARALLEL_MIN_BWD)
         return out
     return tiled_bwd(dy, pk, K, out, scratch, cap_elems, column_align(pk[3], w.format))
 
