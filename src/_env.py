@@ -7,7 +7,8 @@ import sys
 # outranks OMP_WAIT_POLICY) and then sleep: a region starts in ~2 us, where the workqueue layer
 # takes ~100 us, and the threads are asleep long before OpenBLAS needs the cores (OpenMP's
 # default spin steals them: a 2x slower step). Where the omp layer cannot load, workqueue
-# (tbb, last, is not measured here).
+# (tbb, last, is not measured here). GNU OpenMP is not fork-safe: a forked child that runs a
+# parallel kernel is ended by Numba (README: use spawn/forkserver, or the workqueue layer).
 # OpenBLAS threads go to sleep quickly between calls too.
 DEFAULTS = {"NUMBA_THREADING_LAYER_PRIORITY": "omp workqueue tbb", "GOMP_SPINCOUNT": "2000",
             "OPENBLAS_THREAD_TIMEOUT": "1", "OMP_WAIT_POLICY": "passive"}

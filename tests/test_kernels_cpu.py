@@ -88,6 +88,7 @@ def test_parallel_small_batch_paths(fmt, dq, bs, monkeypatch):
     """The multi-threaded gemv/fused kernels (normally only for large weights) on small ones."""
     monkeypatch.setattr(cpu_ops.gemv, "PARALLEL_MIN", 0)
     monkeypatch.setattr(cpu_ops.gemv, "PARALLEL_MIN_BWD", 0)
+    monkeypatch.setattr(cpu_ops.gemv, "WORKQUEUE_MIN", 0)
     for shape in ((37, 96), (37, 90)) if fmt != "q4_1" else ((37, 96),):
         w = _weight(fmt, dq, bs, shape)
         W = w.dequantize().astype(np.float64)

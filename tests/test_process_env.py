@@ -19,8 +19,10 @@ def fill(a):
         a[i] = i
 
 fill(np.zeros(64))
+from packlora.kernels.cpu import gemv
 print(json.dumps({"layer": numba.threading_layer(), "applied": list(_env.APPLIED),
-                  "spin": os.environ.get("GOMP_SPINCOUNT")}))
+                  "spin": os.environ.get("GOMP_SPINCOUNT"),
+                  "gemv_serial": gemv.serial(1 << 20, bwd=False)}))
 """
 
 
@@ -43,10 +45,12 @@ def _omp_loads():
 def test_parallel_regions_run_on_openmp_with_a_short_spin():
     got = _probe()
     assert got["layer"] == ("omp" if _omp_loads() else "workqueue")
+    assert got["gemv_serial"] is (got["layer"] == "workqueue")  # 576x1536 at M = 1 gets 2 threads
     assert got["spin"] == "2000" and "GOMP_SPINCOUNT" in got["applied"]
 
 
 def test_the_user_s_own_threading_settings_win():
     got = _probe(NUMBA_THREADING_LAYER="workqueue", GOMP_SPINCOUNT="0")
     assert got["layer"] == "workqueue" and got["spin"] == "0"
+    assert got["gemv_serial"]  # each parallel region costs ~0.1 ms there
     assert "GOMP_SPINCOUNT" not in got["applied"]

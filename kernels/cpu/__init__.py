@@ -1,9 +1,29 @@
 """Numba CPU kernels."""
+import numba
 import numpy as np
+from numba import njit, prange
 
 # Elements below which a row kernel runs on the calling thread: a Numba parallel region costs
-# ~0.1 ms with the workqueue layer on the 2-core machines measured, the time of ~10^5 elements.
+# ~0.1 ms with the workqueue layer on the 2-core machines measured, the time of ~10^5 elements
+# (on the OpenMP layer a few microseconds: this bound is the workqueue's, kept for both).
 SERIAL_MAX = 1 << 17
+
+_LAYER = []
+
+
+@njit(parallel=True, cache=True)
+def _touch(a):
+    for i in prange(a.size):
+        a[i] = 0.0
+
+
+def cheap_regions():
+    """Whether a Numba parallel region costs microseconds (the OpenMP or TBB layer src/_env.py
+    asks for) rather than ~0.1 ms (workqueue: where OpenMP cannot load, or the user chose it)."""
+    if not _LAYER:
+        _touch(np.zeros(2))  # the layer is chosen at the first parallel launch
+        _LAYER.append(numba.threading_layer())
+    return _LAYER[0] != "workqueue"
 
 
 def takes(xp, *arrays):

@@ -5,17 +5,27 @@ Below PARALLEL_MIN (forward) or PARALLEL_MIN_BWD weights x rows a call stays on 
 a parallel region costs more than it saves. Measured on 2 cores with Numba's OpenMP layer (Q4_1,
 M = 1, serial / parallel): 192x576 9 / 15 us backward, 576x576 29 / 24 us forward and 26 / 25
 backward, 1536x576 76 / 52 forward and 88 / 66 backward (the backward's per-thread accumulators
-are summed at the end). Under the workqueue layer every parallel call costs ~0.1 ms more."""
+are summed at the end). On the workqueue layer every parallel call costs ~0.1 ms more: there
+WORKQUEUE_MIN holds for both (576x1536 at M = 1: 0.1 ms serial, 0.13 ms parallel)."""
 import numpy as np
 from numba import njit, prange
 
+from . import cheap_regions
 from .fused import sum_parts
 from .simd import AXPY, DOT
 from .simd_rows import row_run
 
 PARALLEL_MIN = 1 << 18
 PARALLEL_MIN_BWD = 1 << 19
+WORKQUEUE_MIN = 1 << 23
 _ONE = np.float32(1.0)
+
+
+def serial(work, bwd):
+    """Whether `work` weights x rows of a forward (or backward) call stay on one thread."""
+    if not cheap_regions():
+        return work < WORKQUEUE_MIN
+    return work < (PARALLEL_MIN_BWD if bwd else PARALLEL_MIN)
 
 
 @njit(inline="always", fastmath=True, cache=True)

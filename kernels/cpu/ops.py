@@ -113,7 +113,7 @@ def linear_fwd(x, w, out, scratch, cap_elems):
     if x.shape[0] == 0:
         return out
     if x.shape[0] <= FUSED_MAX_M:
-        _small_fwd(x, pk, N, out, x.size * N < gemv.PARALLEL_MIN)
+        _small_fwd(x, pk, N, out, gemv.serial(x.size * N, bwd=False))
         return out
     return tiled_fwd(x, pk, N, out, scratch, cap_elems, column_align(pk[3], w.format))
 
@@ -125,7 +125,7 @@ def linear_bwd(dy, w, out, scratch, cap_elems):
     if dy.shape[0] == 0:
         return out
     if dy.shape[0] <= FUSED_MAX_M_BWD:
-        _small_bwd(dy, pk, K, out, dy.size * K < gemv.PARALLEL_MIN_BWD)
+        _small_bwd(dy, pk, K, out, gemv.serial(dy.size * K, bwd=True))
         return out
     return tiled_bwd(dy, pk, K, out, scratch, cap_elems, column_align(pk[3], w.format))
 
