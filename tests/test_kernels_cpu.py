@@ -263,6 +263,11 @@ def test_fused_float32_elementwise_match_float64():
     np.testing.assert_allclose(p, ref / ref.sum(1, keepdims=True), atol=1e-7)
     assert np.all(p[:, 30:] == 0)
     np.testing.assert_allclose(lse, np.log(np.exp(s64).sum(1)), rtol=1e-6)
+    s[2, 7] = np.nan  # a NaN score makes its whole row NaN, wherever it sits
+    s[4, 0] = np.nan
+    att.softmax_rows(s, lse, np.float32(1.0), att.NO_CAUSAL)
+    assert np.isnan(s[[2, 4], :30]).all() and np.isnan(lse[[2, 4]]).all()
+    assert not np.isnan(s[[0, 1, 3, 5]]).any()
 
 
 @pytest.mark.parametrize("r0,groups,shift", [(0, 1, 0), (6, 3, 0), (4, 2, 5), (0, 2, -1)])

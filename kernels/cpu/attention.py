@@ -11,6 +11,8 @@ the mask and a pass over the scores per block. groups = 0: no causal limit.
 """
 import math
 
+import numpy as np
+
 from numba import njit, prange
 
 from . import SERIAL_MAX
@@ -28,6 +30,16 @@ def _visible(i, n, causal):
     return max(0, min(n, (r0 + i % rows) // groups + shift + 1))
 
 
+@njit(fastmath=SAFE_FASTMATH | {"nnan"}, cache=True)
+def _row_max(s, i, n, scale):
+    """max of s[i, :n] * scale, n >= 1. nnan lets LLVM vectorize the reduction; a NaN in the
+    row still makes the whole row NaN in the exp pass that follows, whatever this returns."""
+    m = s[i, 0] * scale
+    for j in range(1, n):
+        m = max(m, s[i, j] * scale)
+    return m
+
+
 @njit(fastmath=SAFE_FASTMATH, cache=True)
 def _softmax_row(s, lse, i, scale, causal):
     n = _visible(i, s.shape[1], causal)
@@ -36,17 +48,13 @@ def _softmax_row(s, lse, i, scale, causal):
     if n == 0:  # a row that sees no key (not one of attention's): no probability anywhere
         lse[i] = -math.inf
         return
-    m = s[i, 0] * scale
-    for j in range(1, n):
-        v = s[i, j] * scale
-        if v > m:  # a NaN is skipped here; the exp pass still makes the row NaN
-            m = v
-    acc = 0.0
+    m = _row_max(s, i, n, scale)
+    acc = np.float32(0.0)
     for j in range(n):
         e = fexp(s[i, j] * scale - m)
         s[i, j] = e
         acc += e
-    inv = 1.0 / acc
+    inv = np.float32(1.0) / acc
     for j in range(n):
         s[i, j] *= inv
     lse[i] = m + math.log(acc)
