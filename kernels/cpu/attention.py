@@ -12,7 +12,6 @@ the mask and a pass over the scores per block. groups = 0: no causal limit.
 import math
 
 import numpy as np
-
 from numba import njit, prange
 
 from . import SERIAL_MAX

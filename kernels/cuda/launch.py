@@ -60,7 +60,7 @@ def weight_args(w, xp):
     amoff, codebook; on a GPU as Numba device views. Unused slots get tiny placeholder arrays.
     Made once per weight and backend; a replaced buffer makes them again (the kept views hold
     the buffers they were made from, so their ids cannot be reused meanwhile)."""
-    key = (xp.__name__, tuple((name, id(b)) for name, b in w.buffers.items()))
+    key = (_where(xp), tuple((name, id(b)) for name, b in w.buffers.items()))
     kept = _WEIGHT_ARGS.get(w)
     if kept is None or kept.key != key:
         args = _weight_args(w, xp)
@@ -96,16 +96,22 @@ def _device_view(a):
     return cuda.from_cuda_array_interface(desc, owner=a, sync=False)
 
 
+def _where(xp):
+    """The backend and, on a GPU, the current device: what the kept arrays and streams are
+    specific to."""
+    return (xp.__name__, cupy.cuda.runtime.getDevice() if xp is cupy else None)
+
+
 _STREAMS = {}
 
 
 def _stream():
     """Numba's handle on cupy's current stream: launching there orders the kernel after the
     work that made its inputs, so the interface import needs no extra synchronisation."""
-    ptr = cupy.cuda.get_current_stream().ptr
-    if ptr not in _STREAMS:
-        _STREAMS[ptr] = cuda.external_stream(ptr)
-    return _STREAMS[ptr]
+    key = (_where(cupy), cupy.cuda.get_current_stream().ptr)
+    if key not in _STREAMS:
+        _STREAMS[key] = cuda.external_stream(key[1])
+    return _STREAMS[key]
 
 
 def _contiguous(w, name):
@@ -122,7 +128,7 @@ _CODEBOOKS = {}
 
 def _placeholders(xp):
     """One-element float32 and uint8 arrays on xp's device, for kernel slots a format ignores."""
-    key = xp.__name__
+    key = _where(xp)
     if key not in _PLACEHOLDERS:
         _PLACEHOLDERS[key] = (xp.zeros(1, dtype=np.float32), xp.zeros(1, dtype=np.uint8))
     return _PLACEHOLDERS[key]
@@ -130,7 +136,7 @@ def _placeholders(xp):
 
 def _codebook(entry, xp):
     """The 16-entry float32 codebook of a table format (nf4 / fp4) on xp's device."""
-    key = (entry.name, xp.__name__)
+    key = (entry.name, _where(xp))
     if key not in _CODEBOOKS:
         _CODEBOOKS[key] = xp.asarray(np.asarray(entry.codebook, dtype=np.float32))
     return _CODEBOOKS[key]
