@@ -126,6 +126,24 @@ def test_attention_matches_reference(chunk, monkeypatch):
     np.testing.assert_allclose(out, np.einsum("bhts,bshd->bthd", p, vv), rtol=1e-10)
 
 
+@pytest.mark.parametrize("dt", [np.float64, np.float32])
+def test_attention_one_query_without_backward(dt):
+    """Decoding's case (T = 1, nothing to differentiate, keys a view of a larger cache, padded
+    rows) gives what the recorded path gives."""
+    rng = np.random.default_rng(41)
+    q = rng.standard_normal((2, 1, 6, 8)).astype(dt)
+    cache = [rng.standard_normal((2, 12, 2, 8)).astype(dt) for _ in range(2)]
+    k, v = (c[:, :9] for c in cache)  # (B, S, Hkv, D) views, as the KV cache hands them
+    valid = np.ones((2, 9), bool)
+    valid[1, :4] = False
+    for kv in (None, valid):
+        got = ops.attention(*(pl.Tensor(a, DEV) for a in (q, k, v)), key_valid=kv).numpy()
+        rec = [pl.Tensor(a.copy(), DEV).require_grad() for a in (q, k, v)]
+        want = ops.attention(*rec, key_valid=kv)
+        assert want._fn is not None  # the recorded, copying path
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5 if dt == np.float32 else 1e-12)
+
+
 def test_attention_memory_grows_linearly_in_t():
     """The op's peak through forward and backward grows like T, not T^2: its scores and causal
     mask exist one block of queries at a time (a (T*G, T) mask alone would be 16 MiB at 2048)."""
