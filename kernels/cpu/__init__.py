@@ -1,4 +1,6 @@
 """Numba CPU kernels."""
+import functools
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -8,22 +10,18 @@ from numba import njit, prange
 # (on the OpenMP layer a few microseconds: this bound is the workqueue's, kept for both).
 SERIAL_MAX = 1 << 17
 
-_LAYER = []
-
-
 @njit(parallel=True, cache=True)
 def _touch(a):
     for i in prange(a.size):
         a[i] = 0.0
 
 
+@functools.cache
 def cheap_regions():
     """Whether a Numba parallel region costs microseconds (the OpenMP or TBB layer src/_env.py
     asks for) rather than ~0.1 ms (workqueue: where OpenMP cannot load, or the user chose it)."""
-    if not _LAYER:
-        _touch(np.zeros(2))  # the layer is chosen at the first parallel launch
-        _LAYER.append(numba.threading_layer())
-    return _LAYER[0] != "workqueue"
+    _touch(np.zeros(2))  # the layer is chosen at the first parallel launch
+    return numba.threading_layer() != "workqueue"
 
 
 def takes(xp, *arrays):
