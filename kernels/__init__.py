@@ -6,6 +6,7 @@ import numpy as np
 
 from ..device import DEFAULT_SCRATCH_CAP
 from ..errors import QuantError
+from .activations import int8_activations, int8_allowed
 from .cpu import adamw8 as cpu_adamw8
 from .cpu import blas
 from .cpu import ops as cpu_ops
@@ -92,7 +93,8 @@ def _out(out, shape, name):
 
 
 def linear_fwd(x, w, device=None, out=None):
-    """y (M, N) float32 = x (M, K) @ W.T for a PackedWeight W of logical shape (N, K)."""
+    """y (M, N) float32 = x (M, K) @ W.T for a PackedWeight W of logical shape (N, K); x rounded
+    to 8 bits for small M inside `int8_activations()` (activations.py)."""
     if _is_cuda(w):
         scratch, cap = _cuda_scratch_of(device)
         return cuda_ops.linear_fwd(x, w, out=out, scratch=scratch, cap_elems=cap)
@@ -100,7 +102,7 @@ def linear_fwd(x, w, device=None, out=None):
     x = _check(x, "x", K, w)
     y = _out(out, (x.shape[0], N), "linear_fwd")
     scratch, cap = _scratch_of(device)
-    return cpu_ops.linear_fwd(x, w, y, scratch, cap)
+    return cpu_ops.linear_fwd(x, w, y, scratch, cap, int8=int8_allowed())
 
 
 def linear_bwd(dy, w, device=None, out=None):
@@ -184,7 +186,8 @@ def _cuda_rows(w, rows, out):
 
 
 __all__ = ["adamw8_update", "linear_fwd", "linear_bwd", "dequantize_rows", "gather_rows",
-           "add_product", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope_rotate",
-           "softmax_", "probs_t_", "dscores_t_", "query_positions", "ce_forward", "ce_backward_",
-           "DEFAULT_SCRATCH_CAP", "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD",
-           "column_align", "tile_plan", "cuda_scratch_need"]
+           "int8_activations", "int8_allowed", "add_product", "rmsnorm_fwd", "rmsnorm_bwd",
+           "swiglu_fwd", "swiglu_bwd", "rope_rotate", "softmax_", "probs_t_", "dscores_t_",
+           "query_positions", "ce_forward", "ce_backward_", "DEFAULT_SCRATCH_CAP",
+           "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD", "column_align", "tile_plan",
+           "cuda_scratch_need"]

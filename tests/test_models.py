@@ -287,8 +287,13 @@ def test_kv_cache_decoding_matches_full_forward(files, arch, kind, qname):
     np.testing.assert_allclose(np.stack(steps, 1), full[:, 3:], rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="KV cache full"):
         model.next_logits(ids[:, :1], cache)
+    cache = KVCache(model.config, model.device, 2, 10)
+    with kernels.int8_activations():  # generation's 8-bit x: close, not equal
+        steps = [model.next_logits(ids[:, :4], cache).numpy()]
+        steps += [model.next_logits(ids[:, t:t + 1], cache).numpy() for t in range(4, 10)]
+    assert np.abs(np.stack(steps, 1) - full[:, 3:]).max() <= 0.03 * np.abs(full).max()
     prompt = [int(i) for i in ids[0, :5]]
-    out = generate_ids(model, prompt, max_new_tokens=6)
+    out = generate_ids(model, prompt, max_new_tokens=6, int8_activations=False)
     seq = list(prompt)
     for _ in range(6):  # greedy by full forwards, no cache
         seq.append(int(np.argmax(model(np.asarray([seq])).numpy()[0, -1])))

@@ -4,10 +4,11 @@ from numba import get_num_threads
 
 from ...quant.registry import FLAT
 from ..format_ids import FORMAT_IDS, checked_format
-from . import gemv
+from . import gemv, gemv_int
 from .decode import decode_rows_par, decode_tile_par
 from .fused import fused_bwd, fused_bwd_serial, fused_fwd, fused_fwd_serial
 from .simd import LAYOUTS, chunk_kind
+from .simd_int import INT_KINDS
 from .tiled import column_align, tiled_bwd, tiled_fwd
 
 # Batches up to this many rows use the fused kernels; larger ones decode tiles for BLAS.
@@ -16,6 +17,10 @@ from .tiled import column_align, tiled_bwd, tiled_fwd
 # 4096x4096 M = 8 4.6 / 7.2, M = 16 9.0 / 9.4; the forward crosses over at M ≈ 8.
 FUSED_MAX_M = 8
 FUSED_MAX_M_BWD = 8
+# Rows of x up to which 8-bit activations (gemv_int.py, when allowed) replace the float kernels.
+# It decodes W once per row of x: 2 rows q4_1 576x576 21 / 28 us against fused float, 4 rows
+# 39 / 39, 8 rows 74 / 58 (1536x576 at 8: 184 / 172; 4096x4096 q4_k still 2.9 / 3.7 ms).
+INT8_MAX_M = 2
 
 _U8 = np.zeros(1, np.uint8)
 _I8 = np.zeros(1, np.int8)
@@ -79,10 +84,13 @@ def _build_args(w):
             shift, kind, block_bytes, bs.bit_length() - 1)
 
 
-def _small_fwd(x, pk, N, out, serial):
-    """A few rows of x: one row straight from the packed bytes (gemv), more through decoded
-    groups of W's rows (fused); small products stay on the calling thread."""
-    if x.shape[0] == 1 and pk[3] % 32 == 0:
+def _small_fwd(x, pk, N, out, serial, int8):
+    """A few rows of x: one row straight from the packed bytes (gemv; in integers where `int8`
+    allows it for up to INT8_MAX_M rows), more through decoded groups of W's rows (fused);
+    small products stay on the calling thread."""
+    if int8 and x.shape[0] <= INT8_MAX_M and pk[3] % 32 == 0 and pk[14] in INT_KINDS:
+        gemv_int.gemv_int_fwd(x, pk, out, 4 * get_num_threads(), serial)
+    elif x.shape[0] == 1 and pk[3] % 32 == 0:
         if serial:
             gemv.gemv_fwd_serial(x, pk, out)
         else:
@@ -106,14 +114,15 @@ def _small_bwd(dy, pk, K, out, serial):
         fused_bwd(dy, pk, K, get_num_threads(), out)
 
 
-def linear_fwd(x, w, out, scratch, cap_elems):
-    """out (M, N) = x (M, K) @ W.T for a numpy PackedWeight."""
+def linear_fwd(x, w, out, scratch, cap_elems, int8=False):
+    """out (M, N) = x (M, K) @ W.T for a numpy PackedWeight; `int8`: small M may take x in
+    8 bits (kernels/activations.py)."""
     pk = pack_args(w)
     N = int(w.shape[0])
     if x.shape[0] == 0:
         return out
     if x.shape[0] <= FUSED_MAX_M:
-        _small_fwd(x, pk, N, out, gemv.serial(x.size * N, bwd=False))
+        _small_fwd(x, pk, N, out, gemv.serial(x.size * N, bwd=False), int8)
         return out
     return tiled_fwd(x, pk, N, out, scratch, cap_elems, column_align(pk[3], w.format))
 

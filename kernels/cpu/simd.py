@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 
 from . import simd_ir as irb
 from .chunks import LANES, flat_layout, ggml_layout, half_layout, kquant_layouts, q5_layout
-from .simd_values import half_values, plane_values, q5_values, sub_scale_min
+from .simd_values import half_values, plane_codes, q5_codes, sub_scale_min, to_float
 
 # Chunk kinds (how 32 consecutive values are stored): indices into LAYOUTS.
 Q4_0, Q4_1, Q8_0 = 0, 1, 2  # ggml blocks: fp16 d [, fp16 m], then the codes
@@ -96,34 +96,46 @@ def _lookup(b, idx, tab, variant):
     return level[0]
 
 
-def _values(b, lay, chunk, codes, head, tab, variant):
-    """The 32 code values (before scale) of a chunk of the block at byte `head`."""
+def chunk_codes(b, lay, chunk, codes, head):
+    """(q, offset, signed) of a chunk whose values are integers: its 32 codes as <32 x i8>,
+    the value being q - offset (q itself signed bytes where `signed`); None for the table and
+    16-bit float kinds."""
     if lay.values == "planes":
-        return plane_values(b, lay, chunk, codes, head)
+        return plane_codes(b, lay, chunk, codes, head), lay.offset, False
     if lay.values == "q5":
-        return q5_values(b, lay, chunk, codes, head)
-    if lay.values in ("f16", "bf16"):
-        return half_values(b, lay.values, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at),
-                                                  irb.I8))
-    values = lay.values
+        return q5_codes(b, lay, chunk, codes, head), lay.offset, False
+    if lay.values not in ("i8", "q4_0", "q4"):
+        return None
     p = irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8)
-    if values == "i8":
-        return b.sitofp(irb.load(b, p, ir.VectorType(irb.I8, LANES), 1), irb.VF)
+    if lay.values == "i8":
+        return irb.load(b, p, ir.VectorType(irb.I8, LANES), 1), 0, True
     v16 = ir.VectorType(irb.I8, 16)
     raw = irb.load(b, p, v16, 1)
     lo = b.and_(raw, ir.Constant(v16, [15] * 16))
     hi = b.lshr(raw, ir.Constant(v16, [4] * 16))
-    if values in ("q4_0", "q4"):  # ggml: value j in the low nibble of byte j, j + 16 in the high
-        q = b.shuffle_vector(lo, hi, irb.mask(range(32)))
-        if values == "q4_0":  # q4_0 stores value + 8: subtract in bytes, no min term afterwards
-            return b.sitofp(b.sub(q, ir.Constant(q.type, [8] * LANES)), irb.VF)
-        return b.uitofp(q, irb.VF)
+    # ggml: value j in the low nibble of byte j, j + 16 in the high; q4_0 stores value + 8
+    return b.shuffle_vector(lo, hi, irb.mask(range(32))), 8 if lay.values == "q4_0" else 0, False
+
+
+def _values(b, lay, chunk, codes, head, tab, variant):
+    """The 32 code values (before scale) of a chunk of the block at byte `head`."""
+    ints = chunk_codes(b, lay, chunk, codes, head)
+    if ints is not None:
+        return to_float(b, *ints)
+    if lay.values in ("f16", "bf16"):
+        return half_values(b, lay.values, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at),
+                                                  irb.I8))
+    p = irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8)
+    v16 = ir.VectorType(irb.I8, 16)
+    raw = irb.load(b, p, v16, 1)
+    lo = b.and_(raw, ir.Constant(v16, [15] * 16))
+    hi = b.lshr(raw, ir.Constant(v16, [4] * 16))
     inter = [j // 2 + (0 if j % 2 == 0 else 16) for j in range(32)]  # high nibble first
     q = b.zext(b.shuffle_vector(hi, lo, irb.mask(inter)), ir.VectorType(irb.I32, LANES))
     return _lookup(b, q, tab, variant)
 
 
-def _scale_min(b, lay, chunk, src, head, blk):
+def scale_min(b, lay, chunk, src, head, blk):
     """(scale, min) of a chunk: from the ggml header at byte `head` (K-quants: its sub-block
     scales), or block `blk`'s absmax."""
     codes, absmax, aq, acode, ascale, aoff = src
@@ -147,7 +159,7 @@ def _scale_min(b, lay, chunk, src, head, blk):
     return s, ir.Constant(irb.F32, 0.0)
 
 
-def _sources(context, b, pkty, pk, lay):
+def sources(context, b, pkty, pk, lay):
     """(codes, absmax, absmax_q, absmax_code, absmax_scale, absmax_offset) of the weight; flat
     int8 codes are the tuple's int8 array, every other kind reads its uint8 one."""
     codes = 5 if lay.scale == "absmax_127" else 4
@@ -183,7 +195,7 @@ def _lanes(b, v):
 def _body(context, b, op, lay, variant, pkty, pk, cb, nch, g0, sh, a, vdata, vo):
     """The loop over the blocks of `nch` chunks (a whole number of blocks) for one op and chunk
     layout, each block's chunks unrolled at constant offsets; returns the dot (0 otherwise)."""
-    src = _sources(context, b, pkty, pk, lay)
+    src = sources(context, b, pkty, pk, lay)
     table = irb.load(b, irb.member(context, b, pkty, pk, 12), ir.VectorType(irb.F32, 16), 4) \
         if lay.values == "tab4" else None
     zero = ir.Constant(irb.VF, [0.0] * LANES)
@@ -197,7 +209,7 @@ def _body(context, b, op, lay, variant, pkty, pk, cb, nch, g0, sh, a, vdata, vo)
         # every scale of the block first: read after the op's first store, LLVM would have to
         # read the header again for each chunk (the output might alias the packed bytes)
         cs = [irb.plus(b, c0, j) for j in range(cpb)]
-        scales = [_scale_min(b, lay, chunk, src, head, b.lshr(b.add(g0, c), sh))
+        scales = [scale_min(b, lay, chunk, src, head, b.lshr(b.add(g0, c), sh))
                   for chunk, c in zip(lay.chunks, cs)]
         for chunk, c, (sc, mn) in zip(lay.chunks, cs, scales):
             vals = _values(b, lay, chunk, src[0], head, table, variant)

@@ -9,8 +9,10 @@ from numba import njit
 
 from . import simd
 from .simd import AXPY, DECODE, DOT, I8
+from .simd_int import make_int_dot
 
 _decode, _dot, _axpy = (simd.make_dispatch(op) for op in (DECODE, DOT, AXPY))
+_idot = make_int_dot()
 
 
 @njit(inline="always", cache=True)
@@ -42,3 +44,18 @@ def row_run(op, pk, n, k0, k1, a, v, vo):
     start = n * K + k0
     cb = start if kind == I8 else start // 2
     return _run(op, kind, pk, cb, nch, start // 32, pk[13], a, v, vo)
+
+
+@njit(inline="always", fastmath=True, cache=True)
+def row_idot(pk, n, k0, k1, xq, xs):
+    """W[n, k0:k1] . x in integers (simd_int.py): xq and xs hold x's chunks from chunk 0, the
+    span's from k0 // 32. Only for the chunk kinds of simd_int.INT_KINDS."""
+    K = pk[3]
+    kind = pk[14]
+    nch = (k1 - k0) // 32
+    if pk[15]:
+        cb = (n * (K >> pk[16]) + (k0 >> pk[16])) * pk[15]
+        return _idot(kind, pk, cb, nch, 0, 0, xq, xs, k0 // 32)
+    start = n * K + k0
+    cb = start if kind == I8 else start // 2
+    return _idot(kind, pk, cb, nch, start // 32, pk[13], xq, xs, k0 // 32)

@@ -23,14 +23,22 @@ def _vconst(v, ty=_V8):
     return ir.Constant(ty, [v] * ty.count)
 
 
-def _to_float(b, q, offset):
-    if offset:
-        return b.sitofp(b.sub(q, _vconst(offset)), irb.VF)
-    return b.uitofp(q, irb.VF)
+def signed_codes(b, q, offset, signed):
+    """<32 x i8> q - offset, or None where the codes are unsigned as they stand."""
+    if signed:
+        return q
+    return b.sub(q, _vconst(offset)) if offset else None
 
 
-def plane_values(b, lay, chunk, codes, head):
-    """K-quant codes of a chunk: low bits from a plane of 32 bytes, high bits from another."""
+def to_float(b, q, offset, signed=False):
+    """The values (before scale) of codes q: q - offset, q signed bytes where `signed`."""
+    w = signed_codes(b, q, offset, signed)
+    return b.uitofp(q, irb.VF) if w is None else b.sitofp(w, irb.VF)
+
+
+def plane_codes(b, lay, chunk, codes, head):
+    """K-quant codes of a chunk: low bits from a plane of 32 bytes, high bits from another
+    (unsigned, before the layout's offset)."""
     q = _bytes(b, codes, irb.plus(b, head, chunk.codes_at))
     if chunk.plane:
         q = b.lshr(q, _vconst(chunk.plane))
@@ -41,11 +49,12 @@ def plane_values(b, lay, chunk, codes, head):
             h = b.lshr(h, _vconst(chunk.high_shift))
         h = b.and_(h, _vconst((1 << lay.high_bits) - 1))
         q = b.or_(q, b.shl(h, _vconst(lay.code_bits)))
-    return _to_float(b, q, lay.offset)
+    return q
 
 
-def q5_values(b, lay, chunk, codes, head):
-    """Q5_0 / Q5_1 codes: ggml's nibble order, bit j of a little-endian uint32 as bit 4."""
+def q5_codes(b, lay, chunk, codes, head):
+    """Q5_0 / Q5_1 codes: ggml's nibble order, bit j of a little-endian uint32 as bit 4
+    (unsigned, before the layout's offset)."""
     v16 = ir.VectorType(irb.I8, 16)
     raw = irb.load(b, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8), v16, 1)
     q = b.shuffle_vector(b.and_(raw, _vconst(15, v16)), b.lshr(raw, _vconst(4, v16)),
@@ -54,8 +63,7 @@ def q5_values(b, lay, chunk, codes, head):
     v32 = ir.VectorType(irb.I32, LANES)
     high = b.and_(b.lshr(irb.splat(b, bits), ir.Constant(v32, list(range(LANES)))),
                   _vconst(1, v32))
-    q = b.or_(q, b.shl(b.trunc(high, _V8), _vconst(4)))
-    return _to_float(b, q, lay.offset)
+    return b.or_(q, b.shl(b.trunc(high, _V8), _vconst(4)))
 
 
 def half_values(b, kind, p):
@@ -129,12 +137,17 @@ def _per_sub(b, lay, chunk, codes, at, d, dmin):
     return out
 
 
+def sub_scales(b, lay, chunk, codes, head):
+    """[(scale, min or None)] of each sub-block (one or two) of a K-quant chunk, as floats."""
+    d = irb.half(b, codes, irb.plus(b, head, lay.scale_at))
+    dmin = None if lay.min_at is None else irb.half(b, codes, irb.plus(b, head, lay.min_at))
+    return _per_sub(b, lay, chunk, codes, irb.plus(b, head, lay.sub_scales_at), d, dmin)
+
+
 def sub_scale_min(b, lay, chunk, codes, head):
     """(scale, min) of a K-quant chunk: floats for one sub-block, vectors for two; min 0.0
     where the format has none."""
-    d = irb.half(b, codes, irb.plus(b, head, lay.scale_at))
-    dmin = None if lay.min_at is None else irb.half(b, codes, irb.plus(b, head, lay.min_at))
-    subs = _per_sub(b, lay, chunk, codes, irb.plus(b, head, lay.sub_scales_at), d, dmin)
+    subs = sub_scales(b, lay, chunk, codes, head)
     zero = ir.Constant(irb.F32, 0.0)
     if len(subs) == 1:
         sc, mn = subs[0]

@@ -6,7 +6,7 @@ PEFT keys line up: `model.layers.N.self_attn.q_proj`, `model.layers.N.mlp.down_p
 """
 import numpy as np
 
-from .. import ops
+from .. import kernels, ops
 from ..nn import Module, PackedLinear
 from ..ops import checkpoint, head_cross_entropy
 from ..tensor import Tensor
@@ -137,9 +137,13 @@ class LlamaForCausalLM(Module):
         return h @ head.weight.T
 
     def next_logits(self, input_ids, cache):
-        """Logits (B, V) of the last position only, extending the KV cache."""
+        """Logits (B, V) of the last position only, extending the KV cache. The head keeps
+        float32 x even where generation rounds it to 8 bits (kernels/activations.py): its error
+        lands on the logits unmixed and flips near-ties (SmolLM2's first answer token: "The"
+        25.33 vs "L" 25.24 turned over)."""
         h = self.hidden_states(input_ids, cache)
-        return self.logits(h[:, -1])
+        with kernels.int8_activations(False):
+            return self.logits(h[:, -1])
 
     def loss(self, input_ids, labels, ignore_index=-100, chunk=256):
         """Mean next-token cross-entropy with Hugging Face's convention: labels are aligned with

@@ -1,0 +1,138 @@
+"""Generation's 8-bit-activation products (kernels/cpu/gemv_int.py, simd_int.py): x rounded per
+32 values in numpy, W decoded by gguf's own dequantizer (the numpy reference for the flat int8
+format), every product variant; where the flag lets them in and where it does not."""
+import gguf
+import numpy as np
+import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
+import pytest
+from llvmlite import binding as llb
+from numba import njit
+from packlora import kernels
+from packlora.kernels import linear_fwd
+from packlora.kernels.cpu import gemv_int
+from packlora.kernels.cpu.ops import pack_args
+from packlora.kernels.cpu.simd_int import INT_KINDS, XS_STRIDE, make_int_dot
+from packlora.quant import quantize
+
+from gguf_blocks import random_packed
+
+GGML = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+_FEATS = llb.get_host_cpu_features()
+
+
+def _x8(x):
+    """numpy's rounding of x (M, K) to 8 bits per 32 values: (the values it stands for, xq)."""
+    c = x.astype(np.float64).reshape(x.shape[0], -1, 32)
+    amax = np.abs(c).max(axis=2, keepdims=True)
+    d = (amax / 127).astype(np.float32).astype(np.float64)
+    q = np.rint(c * np.where(amax > 0, 127 / np.where(amax > 0, amax, 1), 0))
+    return (q * d).reshape(x.shape), q.reshape(x.shape)
+
+
+def _reference(w, x):
+    if w.format in GGML:
+        blocks = np.asarray(w.buffers["blocks"])
+        dense = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[w.format.upper()])
+    else:
+        dense = w.dequantize()
+    return _x8(x)[0] @ dense.astype(np.float64).reshape(w.shape).T
+
+
+def _weight(fmt, n, k, rng):
+    if fmt in GGML:
+        return random_packed(fmt, n, k, rng)
+    return quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, block_size=64)
+
+
+@pytest.mark.parametrize("fmt", GGML + ["int8"])
+@pytest.mark.parametrize("m", [1, 2])
+def test_int8_products_match_rounded_x_times_gguf_weights(fmt, m):
+    rng = np.random.default_rng(7)
+    n, k = 37, 512  # ragged rows; K a whole number of K-quant super-blocks
+    w = _weight(fmt, n, k, rng)
+    assert pack_args(w)[14] in INT_KINDS
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[:, :32] *= 40.0  # one chunk with a far larger scale than the rest
+    want = _reference(w, x)
+    serial, par = np.zeros((m, n), np.float32), np.zeros((m, n), np.float32)
+    gemv_int.gemv_int_fwd(x, pack_args(w), serial, 1, True)
+    gemv_int.gemv_int_fwd(x, pack_args(w), par, 5, False)
+    scale = np.abs(want).max()
+    assert np.abs(serial - want).max() <= 2e-6 * scale
+    np.testing.assert_array_equal(serial, par)
+
+
+def test_quantize_x_matches_numpy_and_keeps_nan():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 96)).astype(np.float32)
+    x[1, 32:64] = 0.0
+    x[1, 70] = np.nan
+    xq = np.zeros(x.shape, np.int8)
+    xs = np.zeros((2, 3 * XS_STRIDE), np.float32)
+    gemv_int.quantize_x(x, xq, xs)
+    vals, q = _x8(x[:1])
+    np.testing.assert_array_equal(xq[0], q[0])
+    np.testing.assert_allclose(xs[0, 0::XS_STRIDE], np.abs(x[0].reshape(3, 32)).max(1) / 127,
+                               rtol=1e-7)
+    halves = vals[0].reshape(3, 2, 16).sum(axis=2)
+    np.testing.assert_allclose(xs[0, 1::XS_STRIDE], halves[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(xs[0, 3::XS_STRIDE], halves.sum(1), rtol=1e-5, atol=1e-6)
+    assert np.all(xq[1, 32:64] == 0) and xs[1, XS_STRIDE] == 0.0
+    assert np.isnan(xs[1, 2 * XS_STRIDE])  # the chunk holding the NaN
+    w = random_packed("q4_k", 3, 256, rng)
+    y = np.zeros((1, 3), np.float32)
+    x2 = rng.standard_normal((1, 256)).astype(np.float32)
+    x2[0, 200] = np.nan
+    gemv_int.gemv_int_fwd(x2, pack_args(w), y, 1, True)
+    assert np.isnan(y).all()
+
+
+def _usable(variant):
+    need = {"vnni": ("avx512vnni", "avx512vl"), "avx2": ("avx2",), "generic": ()}[variant]
+    return all(_FEATS.get(f) for f in need)
+
+
+@pytest.mark.parametrize("variant", ["vnni", "avx2", "generic"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q6_k", "q4_k"])
+def test_product_variants(variant, fmt):
+    if not _usable(variant):
+        pytest.skip(f"this CPU lacks {variant}")
+    run = make_int_dot(variant)
+
+    @njit
+    def rows(pk, xq, xs, y):
+        K = pk[3]
+        for n in range(y.size):  # ggml rows: whole blocks, pk[15] bytes each
+            y[n] = run(pk[14], pk, n * (K >> pk[16]) * pk[15], K // 32, 0, 0, xq, xs, 0)
+
+    rng = np.random.default_rng(11)
+    w = random_packed(fmt, 5, 256, rng)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    xq = np.zeros(x.shape, np.int8)
+    xs = np.zeros((1, 8 * XS_STRIDE), np.float32)
+    gemv_int.quantize_x(x, xq, xs)
+    y = np.zeros(5, np.float32)
+    rows(pack_args(w), xq[0], xs[0], y)
+    want = _reference(w, x)[0]
+    assert np.abs(y - want).max() <= 2e-6 * np.abs(want).max()
+
+
+def test_only_inside_the_block_and_only_integer_formats():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    q4k = random_packed("q4_k", 8, 256, rng)
+    nf4 = quantize(rng.standard_normal((8, 256)).astype(np.float32), "nf4")
+    outside = linear_fwd(x, q4k)
+    with kernels.int8_activations():
+        inside = linear_fwd(x, q4k)
+        nf4_inside = linear_fwd(x, nf4)
+        three = linear_fwd(np.repeat(x, 3, axis=0), q4k)  # more rows than INT8_MAX_M
+        with kernels.int8_activations(False):
+            nested_off = linear_fwd(x, q4k)
+    np.testing.assert_array_equal(nested_off, outside)
+    np.testing.assert_array_equal(nf4_inside, linear_fwd(x, nf4))
+    np.testing.assert_allclose(three, np.repeat(outside, 3, axis=0), rtol=1e-5, atol=1e-5)
+    want = _reference(q4k, x)
+    assert np.abs(inside - want).max() <= 2e-6 * np.abs(want).max()
+    assert not np.array_equal(inside, outside)
+    assert not kernels.int8_allowed()
