@@ -8,7 +8,9 @@ OpenMP settings would apply to llama.cpp's threads in a shared process. Each
 turn times llama.cpp, then packlora; new tokens per second (prompt included in the time: a
 short prompt, as in chat turns), medians and bests over the turns, one JSON document. llama.cpp
 is also given by its own perf counters (its one-token evaluations alone: no Python, no
-sampling), the stricter comparison.
+sampling), the stricter comparison. packlora decodes as `generate` does by default, with x
+rounded to 8 bits in the packed products as llama.cpp does (kernels/activations.py), and in the
+same turns with float32 activations (`packlora_float_activations`).
 
 Usage: python bench/decode_vs_llamacpp.py [--turns 3] [--new 128]
 """
@@ -61,10 +63,14 @@ class LlamaCpp:
         self.proc.wait()
 
 
-def packlora_turn(model, ids, new):
+def packlora_turn(model, ids, new, int8=True):
     t0 = time.perf_counter()
-    out = generate_ids(model, ids, max_new_tokens=new, temperature=0.0)
+    out = generate_ids(model, ids, max_new_tokens=new, temperature=0.0, int8_activations=int8)
     return time.perf_counter() - t0, out
+
+
+def _same_before_difference(ref, ours):
+    return next((i for i, (x, y) in enumerate(zip(ref, ours)) if x != y), len(ours))
 
 
 def summary(times, new):
@@ -84,17 +90,19 @@ def main(argv=None):
     llm = LlamaCpp(path, threads)
     model = pl.load_model(MODEL)
     ids = model.tokenizer.encode(PROMPT, add_special_tokens=True)
-    llm.turn(ids, 8), packlora_turn(model, ids, 8)  # warm-up: compile, page in
-    times = {"llama_cpp": [], "packlora": []}
-    agree, eval_s = [], []
+    llm.turn(ids, 8), packlora_turn(model, ids, 8), packlora_turn(model, ids, 8, False)  # warm-up
+    times = {"llama_cpp": [], "packlora": [], "packlora_float_activations": []}
+    agree, agree_float, eval_s = [], [], []
     for _ in range(a.turns):
         t_ref, ref, per_token = llm.turn(ids, a.new)
         eval_s.append(per_token)
         t_ours, ours = packlora_turn(model, ids, a.new)
+        t_float, ours_float = packlora_turn(model, ids, a.new, int8=False)
         times["llama_cpp"].append(t_ref)
         times["packlora"].append(t_ours)
-        same = next((i for i, (x, y) in enumerate(zip(ref, ours)) if x != y), len(ours))
-        agree.append(same)
+        times["packlora_float_activations"].append(t_float)
+        agree.append(_same_before_difference(ref, ours))
+        agree_float.append(_same_before_difference(ref, ours_float))
     llm.close()
     out = {k: summary(v, a.new) for k, v in times.items()}
     own = round(1.0 / min(eval_s), 1)
@@ -103,11 +111,15 @@ def main(argv=None):
     ratio = {"best_vs_best": round(best / out["llama_cpp"]["new_tokens_per_s_best"], 3),
              "median_vs_median": round(out["packlora"]["new_tokens_per_s_median"]
                                        / out["llama_cpp"]["new_tokens_per_s_median"], 3),
-             "best_vs_llama_cpp_own_eval": round(best / own, 3)}
+             "best_vs_llama_cpp_own_eval": round(best / own, 3),
+             "float_activations_median_vs_median": round(
+                 out["packlora_float_activations"]["new_tokens_per_s_median"]
+                 / out["llama_cpp"]["new_tokens_per_s_median"], 3)}
     print(json.dumps({"bench": "decode_vs_llamacpp", "cpu": cpu_name(), "cores": os.cpu_count(),
                       "threads": threads, "model": str(path.name), "prompt_tokens": len(ids),
                       "new_tokens": a.new, "turns": a.turns, **out, "ratio": ratio,
                       "greedy_tokens_equal_before_first_difference": min(agree),
+                      "greedy_tokens_equal_before_first_difference_float": min(agree_float),
                       "target_ratio": 0.6}, indent=1))
 
 

@@ -110,10 +110,11 @@ class Function:
     @classmethod
     def apply(cls, *inputs, **kwargs):
         """Run the op on Tensors (or plain values) and record it when autodiff is on."""
-        tensor_cls = next((type(t) for t in inputs if isinstance(t, Recorded)), None)
-        device = _common_device(inputs)
-        needs = tuple(isinstance(t, Recorded) and t.is_tracked() for t in inputs)
-        record = any(needs) and device.is_autodiff() and is_recording()
+        tensor_cls, device = _common_device(inputs)
+        record = device.is_autodiff() and is_recording()
+        if record:  # (generation runs ~600 ops a token unrecorded: nothing to ask them there)
+            needs = tuple(isinstance(t, Recorded) and t.is_tracked() for t in inputs)
+            record = any(needs)
         fn = cls(device, needs if record else (False,) * len(inputs))
         arrays = [t.data if isinstance(t, Recorded) else t for t in inputs]
         if record:
@@ -135,17 +136,18 @@ def parent_ref(t):
 
 
 def _common_device(inputs):
-    device = None
+    """(type, device) of the first Recorded input; every Recorded input on the same hardware."""
+    device = tensor_cls = None
     for t in inputs:
         if isinstance(t, Recorded):
             if device is None:
-                device = t.device
+                device, tensor_cls = t.device, type(t)
             elif not device.same_hardware(t.device):
                 raise DeviceError(f"an op mixes tensors on {device} and {t.device}; "
                                   "move them with t.to_device(dev) first")
     if device is None:
         raise AutodiffError("an op needs at least one Tensor input")
-    return device
+    return tensor_cls, device
 
 
 def _topo_order(root_fn):

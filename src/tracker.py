@@ -70,12 +70,12 @@ class MemoryTracker:
         nbytes = int(getattr(owner, "nbytes", 0))
         if nbytes == 0:
             return array
-        try:
-            weakref.finalize(owner, self._release, key)
+        try:  # a plain weak reference kept in the entry: a third of weakref.finalize's cost
+            ref = weakref.ref(owner, lambda _, k=key: self._release(k))
         except TypeError:  # objects without weakref support (e.g. a memory map's bytes)
             return array
         cat = category or self._stack[-1]
-        self._live[key] = (nbytes, cat)
+        self._live[key] = (nbytes, cat, ref)
         self._add(cat, nbytes)
         return array
 
@@ -85,10 +85,10 @@ class MemoryTracker:
         entry = self._live.get(key)
         if entry is None:
             return self.track(array, category)
-        nbytes, old = entry
+        nbytes, old, ref = entry
         if old != category:
             self._add(old, -nbytes)
-            self._live[key] = (nbytes, category)
+            self._live[key] = (nbytes, category, ref)
             self._add(category, nbytes)
         return array
 
