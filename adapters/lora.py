@@ -38,7 +38,7 @@ class LoraLinear(Module):
         norm = None
         if mag is not None:
             norm = row_norms(self.weight, self.lora_A.data, self.lora_B.data, self.scale,
-                             x.device)
+                             self.lora_A.device)
         p = self.dropout if self.training else 0.0
         return LoraMatmul.apply(x, self.lora_A, self.lora_B, mag, self.bias, weight=self.weight,
                                 scale=self.scale, dropout=p, norm=norm, value=value)

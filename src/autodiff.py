@@ -6,6 +6,7 @@ from .errors import AutodiffError, DeviceError
 _RECORDING = [True]
 _REMAKING = [True]  # whether consumers may keep a remaking producer instead of its output
 _GRAD_HOOK = [None]  # on_complete_grad
+_PLAIN = [None]  # plain_arrays: the device whose ops take and give plain arrays
 
 
 @contextlib.contextmanager
@@ -32,6 +33,25 @@ def on_complete_grad(hook):
 
 def is_recording():
     return _RECORDING[-1]
+
+
+@contextlib.contextmanager
+def plain_arrays(device):
+    """Within the block, ops on `device` take and give plain arrays: nothing is recorded, no
+    output is wrapped in a Tensor or tracked (Tensor inputs, such as parameters, are unwrapped).
+    For decoding's one-token steps, ~600 ops a token whose outputs are a few KiB: the wrapping
+    cost more than most of the ops. Module code runs unchanged on arrays (reshape, +, @, [])."""
+    _PLAIN.append(device)
+    try:
+        with without_autodiff():
+            yield
+    finally:
+        _PLAIN.pop()
+
+
+def plain(x):
+    """x's array where x is a Tensor, else x."""
+    return x.data if isinstance(x, Recorded) else x
 
 
 @contextlib.contextmanager
@@ -110,6 +130,9 @@ class Function:
     @classmethod
     def apply(cls, *inputs, **kwargs):
         """Run the op on Tensors (or plain values) and record it when autodiff is on."""
+        if _PLAIN[-1] is not None:
+            fn = cls(_PLAIN[-1], (False,) * len(inputs))
+            return fn.forward(*[plain(t) for t in inputs], **kwargs)
         tensor_cls, device = _common_device(inputs)
         record = device.is_autodiff() and is_recording()
         if record:  # (generation runs ~600 ops a token unrecorded: nothing to ask them there)

@@ -271,12 +271,21 @@ def test_checkpoint_recompute_skips_the_down_projection(files, monkeypatch):
     assert all(layer.mlp.down_proj.lora_B.grad is not None for layer in layers)
 
 
-@pytest.mark.parametrize("arch,kind,qname", [("qwen2", "f32", "none"),
-                                             ("llama3", "gguf_q8_0", "none"),
-                                             ("qwen3", "f32", "int8")])
-def test_kv_cache_decoding_matches_full_forward(files, arch, kind, qname):
+@pytest.mark.parametrize("arch,kind,qname,adapter", [("qwen2", "f32", "none", None),
+                                                     ("llama3", "gguf_q8_0", "none", None),
+                                                     ("qwen3", "f32", "int8", None),
+                                                     ("llama3", "gguf_q8_0", "none", "lora"),
+                                                     ("qwen3", "f32", "int8", "dora")])
+def test_kv_cache_decoding_matches_full_forward(files, arch, kind, qname, adapter):
+    """One-token steps (plain arrays, autodiff.plain_arrays) against the recorded forward."""
     path, _ = files(arch, kind)
     model = load_model(path, quant=QUANTS[qname])
+    if adapter:
+        apply_lora(model, {"targets": "all-linear", "rank": 2, "use_dora": adapter == "dora"})
+        rng = np.random.default_rng(4)
+        for name, p in model.trainable():
+            if name.endswith("lora_B"):
+                p.data[...] = 0.1 * rng.standard_normal(p.shape)
     ids = _ids(5, b=2, t=10)
     full = model(ids).numpy()  # (B, T, V)
     cache = KVCache(model.config, model.device, 2, 10)

@@ -23,17 +23,13 @@ def _vconst(v, ty=_V8):
     return ir.Constant(ty, [v] * ty.count)
 
 
-def signed_codes(b, q, offset, signed):
-    """<32 x i8> q - offset, or None where the codes are unsigned as they stand."""
-    if signed:
-        return q
-    return b.sub(q, _vconst(offset)) if offset else None
-
-
 def to_float(b, q, offset, signed=False):
     """The values (before scale) of codes q: q - offset, q signed bytes where `signed`."""
-    w = signed_codes(b, q, offset, signed)
-    return b.uitofp(q, irb.VF) if w is None else b.sitofp(w, irb.VF)
+    if signed:
+        return b.sitofp(q, irb.VF)
+    if offset:
+        return b.sitofp(b.sub(q, _vconst(offset)), irb.VF)
+    return b.uitofp(q, irb.VF)
 
 
 def plane_codes(b, lay, chunk, codes, head):

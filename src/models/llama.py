@@ -7,6 +7,7 @@ PEFT keys line up: `model.layers.N.self_attn.q_proj`, `model.layers.N.mlp.down_p
 import numpy as np
 
 from .. import kernels, ops
+from ..autodiff import is_recording, plain, plain_arrays
 from ..nn import Module, PackedLinear
 from ..ops import checkpoint, head_cross_entropy
 from ..tensor import Tensor
@@ -137,10 +138,18 @@ class LlamaForCausalLM(Module):
         return h @ head.weight.T
 
     def next_logits(self, input_ids, cache):
-        """Logits (B, V) of the last position only, extending the KV cache. The head keeps
-        float32 x even where generation rounds it to 8 bits (kernels/activations.py): its error
-        lands on the logits unmixed and flips near-ties (SmolLM2's first answer token: "The"
-        25.33 vs "L" 25.24 turned over)."""
+        """Logits (B, V) of the last position only, extending the KV cache. One new position
+        with nothing recorded (decoding) runs on plain arrays (autodiff.plain_arrays). The head
+        keeps float32 x even where generation rounds it to 8 bits (kernels/activations.py): its
+        error lands on the logits unmixed and flips near-ties (SmolLM2's first answer token:
+        "The" 25.33 vs "L" 25.24 turned over)."""
+        shape = input_ids.shape if hasattr(input_ids, "shape") else np.shape(input_ids)
+        if shape[1] != 1 or (self.device.is_autodiff() and is_recording()):
+            return self._next_logits(input_ids, cache)
+        with plain_arrays(self.device):
+            return Tensor(self._next_logits(input_ids, cache), self.device)
+
+    def _next_logits(self, input_ids, cache):
         h = self.hidden_states(input_ids, cache)
         with kernels.int8_activations(False):
             return self.logits(h[:, -1])
@@ -228,7 +237,9 @@ class _LayerCache:
         s0, t = c.length, k.shape[1]
         if s0 + t > c.max_len:
             raise ValueError(f"KV cache full: {s0 + t} positions > {c.max_len}")
-        c.k[i][:, s0:s0 + t] = k.data
-        c.v[i][:, s0:s0 + t] = v.data
-        dev = k.device
-        return Tensor(c.k[i][:, :s0 + t], dev), Tensor(c.v[i][:, :s0 + t], dev)
+        c.k[i][:, s0:s0 + t] = plain(k)
+        c.v[i][:, s0:s0 + t] = plain(v)
+        keys, values = c.k[i][:, :s0 + t], c.v[i][:, :s0 + t]
+        if not isinstance(k, Tensor):  # plain arrays in, plain views out
+            return keys, values
+        return Tensor(keys, k.device), Tensor(values, k.device)
