@@ -111,7 +111,10 @@ class Function:
         raise NotImplementedError(f"{type(self).__name__} has no backward")
 
     def save(self, *arrays):
-        """Keep arrays for backward; intermediates are counted by the memory tracker."""
+        """Keep arrays for backward; intermediates are counted by the memory tracker. An op
+        that is not recorded has no backward: nothing is kept (or counted) for it."""
+        if not any(self.needs):
+            return
         mem = self.device.memory
         for a in arrays:
             if a is not None and hasattr(a, "nbytes"):

@@ -300,7 +300,7 @@ def test_kv_cache_decoding_matches_full_forward(files, arch, kind, qname, adapte
     with kernels.int8_activations():  # generation's 8-bit x: close, not equal
         steps = [model.next_logits(ids[:, :4], cache).numpy()]
         steps += [model.next_logits(ids[:, t:t + 1], cache).numpy() for t in range(4, 10)]
-    assert np.abs(np.stack(steps, 1) - full[:, 3:]).max() <= 0.03 * np.abs(full).max()
+    assert np.abs(np.stack(steps, 1) - full[:, 3:]).max() <= 0.06 * np.abs(full).max()
     prompt = [int(i) for i in ids[0, :5]]
     out = generate_ids(model, prompt, max_new_tokens=6, int8_activations=False)
     seq = list(prompt)
