@@ -2,11 +2,12 @@
 
 Decoding multiplies one row of x per sequence by every weight. Inside `int8_activations()` the
 CPU kernels quantize such an x per 32 values to 8 bits (one float scale each, as llama.cpp's
-Q8_0 activations) and multiply it with the weight's integer codes in integer SIMD
-(cpu/gemv_int.py): 1.5-2x faster for the ggml, K-quant and int8 formats, with x's rounding
-(~0.4% of a chunk's largest value per element) in the result. Formats whose values are not
-integers (nf4, fp4, F16, BF16), larger batches and the CUDA kernels keep float32 x. Training and
-the loss never enter the block (packlora.generate does, unless asked for float activations).
+Q8_0 activations) and multiply it with the weight's codes in integer SIMD (cpu/gemv_int.py):
+1.3-2x faster for the ggml, K-quant, int8 and nf4 / fp4 formats, with x's rounding (~0.4% of
+a chunk's largest value per element) in the result, and for nf4 / fp4 their 16 table values
+rounded to multiples of 1/127 as well (as llama.cpp's IQ4_NL stores its table). F16 / BF16
+weights, larger batches and the CUDA kernels keep float32 x. Training and the loss never enter
+the block (packlora.generate does, unless asked for float activations).
 """
 import contextlib
 

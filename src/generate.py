@@ -118,7 +118,7 @@ def generate(model, prompt_or_messages, max_new_tokens=128, temperature=0.0, top
     """Generate text. A list of {"role", "content"} dicts is a chat (the chat template applies);
     a string is a plain prompt. Returns the generated text only (without the prompt).
     int8_activations: the one-token steps round x to 8 bits in the products with packed
-    ggml / K-quant / int8 weights, as llama.cpp does (1.5-2x faster products); False keeps
+    ggml / K-quant / int8 / nf4 weights, as llama.cpp does (1.3-2x faster products); False keeps
     float32 x (the training forward's numbers)."""
     return generate_batch(model, [prompt_or_messages], max_new_tokens, temperature, top_p,
                           top_k, seed, stop, int8_activations=int8_activations)[0]

@@ -1,6 +1,7 @@
 """Generation's 8-bit-activation products (kernels/cpu/gemv_int.py, simd_int.py): x rounded per
-32 values in numpy, W decoded by gguf's own dequantizer (the numpy reference for the flat int8
-format), every product variant; where the flag lets them in and where it does not."""
+32 values in numpy, W decoded by gguf's own dequantizer (the numpy reference for the flat
+formats; nf4 / fp4 with their tables rounded to 8 bits), every product variant; where the flag
+lets them in and where it does not."""
 import gguf
 import numpy as np
 import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
@@ -12,11 +13,12 @@ from packlora.kernels import linear_fwd
 from packlora.kernels.cpu import gemv_int
 from packlora.kernels.cpu.ops import pack_args
 from packlora.kernels.cpu.simd_int import INT_KINDS, XS_STRIDE, make_int_dot
-from packlora.quant import quantize
+from packlora.quant import REGISTRY, quantize
 
 from gguf_blocks import random_packed
 
 GGML = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+TABLES = ("nf4", "fp4")
 _FEATS = llb.get_host_cpu_features()
 
 
@@ -29,10 +31,22 @@ def _x8(x):
     return (q * d).reshape(x.shape), q.reshape(x.shape)
 
 
+def _table_rounded(w):
+    """A table format's weights with its codebook rounded to multiples of 1/127, as the integer
+    walker multiplies them (each block's absmax is its largest |value|: the tables hold +-1)."""
+    code = np.asarray(REGISTRY[w.format].codebook, np.float64)
+    blocks = w.dequantize().astype(np.float64).reshape(-1, w.block_size)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    idx = np.abs(blocks[..., None] / np.where(amax > 0, amax, 1)[..., None] - code).argmin(-1)
+    return amax * np.rint(code[idx] * 127) / 127
+
+
 def _reference(w, x):
     if w.format in GGML:
         blocks = np.asarray(w.buffers["blocks"])
         dense = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[w.format.upper()])
+    elif w.format in TABLES:
+        dense = _table_rounded(w)
     else:
         dense = w.dequantize()
     return _x8(x)[0] @ dense.astype(np.float64).reshape(w.shape).T
@@ -41,10 +55,12 @@ def _reference(w, x):
 def _weight(fmt, n, k, rng):
     if fmt in GGML:
         return random_packed(fmt, n, k, rng)
-    return quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, block_size=64)
+    name, _, dq = fmt.partition("+")
+    return quantize(rng.standard_normal((n, k)).astype(np.float32), name, block_size=64,
+                    double_quant=bool(dq))
 
 
-@pytest.mark.parametrize("fmt", GGML + ["int8"])
+@pytest.mark.parametrize("fmt", GGML + ["int8", "nf4", "nf4+dq", "fp4"])
 @pytest.mark.parametrize("m", [1, 2])
 def test_int8_products_match_rounded_x_times_gguf_weights(fmt, m):
     rng = np.random.default_rng(7)
@@ -93,7 +109,7 @@ def _usable(variant):
 
 
 @pytest.mark.parametrize("variant", ["vnni", "avx2", "generic"])
-@pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q6_k", "q4_k"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q6_k", "q4_k", "nf4"])
 def test_product_variants(variant, fmt):
     if not _usable(variant):
         pytest.skip(f"this CPU lacks {variant}")
@@ -102,11 +118,14 @@ def test_product_variants(variant, fmt):
     @njit
     def rows(pk, xq, xs, y):
         K = pk[3]
-        for n in range(y.size):  # ggml rows: whole blocks, pk[15] bytes each
-            y[n] = run(pk[14], pk, n * (K >> pk[16]) * pk[15], K // 32, 0, 0, xq, xs, 0)
+        for n in range(y.size):
+            if pk[15]:  # ggml rows: whole blocks, pk[15] bytes each
+                y[n] = run(pk[14], pk, n * (K >> pk[16]) * pk[15], K // 32, 0, 0, xq, xs, 0)
+            else:  # 4-bit flat codes: two a byte, one absmax per 2^pk[13] chunks
+                y[n] = run(pk[14], pk, n * K // 2, K // 32, n * K // 32, pk[13], xq, xs, 0)
 
     rng = np.random.default_rng(11)
-    w = random_packed(fmt, 5, 256, rng)
+    w = _weight(fmt, 5, 256, rng)
     x = rng.standard_normal((1, 256)).astype(np.float32)
     xq = np.zeros(x.shape, np.int8)
     xs = np.zeros((1, 8 * XS_STRIDE), np.float32)
@@ -121,16 +140,16 @@ def test_only_inside_the_block_and_only_integer_formats():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 256)).astype(np.float32)
     q4k = random_packed("q4_k", 8, 256, rng)
-    nf4 = quantize(rng.standard_normal((8, 256)).astype(np.float32), "nf4")
+    f16 = quantize(rng.standard_normal((8, 256)).astype(np.float32), "f16")
     outside = linear_fwd(x, q4k)
     with kernels.int8_activations():
         inside = linear_fwd(x, q4k)
-        nf4_inside = linear_fwd(x, nf4)
+        f16_inside = linear_fwd(x, f16)
         three = linear_fwd(np.repeat(x, 3, axis=0), q4k)  # more rows than INT8_MAX_M
         with kernels.int8_activations(False):
             nested_off = linear_fwd(x, q4k)
     np.testing.assert_array_equal(nested_off, outside)
-    np.testing.assert_array_equal(nf4_inside, linear_fwd(x, nf4))
+    np.testing.assert_array_equal(f16_inside, linear_fwd(x, f16))  # 16-bit floats keep float x
     np.testing.assert_allclose(three, np.repeat(outside, 3, axis=0), rtol=1e-5, atol=1e-5)
     want = _reference(q4k, x)
     assert np.abs(inside - want).max() <= 2e-6 * np.abs(want).max()

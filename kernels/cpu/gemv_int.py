@@ -2,9 +2,10 @@
 (one float scale each, as llama.cpp's Q8_0 activations), then every row of W dotted with it
 straight from its packed bytes in integer SIMD (simd_int.py).
 
-Only where the caller allows it (kernels.activations) and the weight's values are integers
+Only where the caller allows it (kernels.activations) and the walker takes the weight's format
 (simd_int.INT_KINDS): the result differs from the float product by x's rounding, ~0.4% of a
-chunk's largest value per element, so training never takes this path."""
+chunk's largest value per element (and nf4 / fp4 by their tables' rounding), so training never
+takes this path."""
 import numpy as np
 from numba import njit, prange
 

@@ -125,14 +125,20 @@ def _values(b, lay, chunk, codes, head, tab, variant):
     if lay.values in ("f16", "bf16"):
         return half_values(b, lay.values, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at),
                                                   irb.I8))
+    q = b.zext(tab4_indices(b, chunk, codes, head), ir.VectorType(irb.I32, LANES))
+    return _lookup(b, q, tab, variant)
+
+
+def tab4_indices(b, chunk, codes, head):
+    """<32 x i8> table indices of a TAB4 chunk: value 2i in the high nibble of byte i, 2i+1
+    in the low."""
     p = irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8)
     v16 = ir.VectorType(irb.I8, 16)
     raw = irb.load(b, p, v16, 1)
     lo = b.and_(raw, ir.Constant(v16, [15] * 16))
     hi = b.lshr(raw, ir.Constant(v16, [4] * 16))
     inter = [j // 2 + (0 if j % 2 == 0 else 16) for j in range(32)]  # high nibble first
-    q = b.zext(b.shuffle_vector(hi, lo, irb.mask(inter)), ir.VectorType(irb.I32, LANES))
-    return _lookup(b, q, tab, variant)
+    return b.shuffle_vector(hi, lo, irb.mask(inter))
 
 
 def scale_min(b, lay, chunk, src, head, blk):
