@@ -23,6 +23,7 @@ from numba import types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
+from ...quant import REGISTRY
 from . import simd_ir as irb
 from .chunks import LANES
 from .simd import LAYOUTS, chunk_codes, scale_min, sources, tab4_indices
@@ -36,6 +37,9 @@ ACCS = 4
 # A table format's values (within [-1, 1]) as multiples of 1/TAB_Q: nf4's 16 values move by at
 # most 1/254 of the block's absmax, ~1/25 of nf4's own spacing.
 TAB_Q = 127.0
+_TABLES = [e.codebook for e in REGISTRY.values() if e.codebook is not None]
+assert all(max(map(abs, t)) <= 1.0 for t in _TABLES), \
+    "a table format's values must lie within [-1, 1] to fit 8 bits as multiples of 1/TAB_Q"
 _V8I, _V8F = ir.VectorType(irb.I32, 8), ir.VectorType(irb.F32, 8)
 _V32B = ir.VectorType(irb.I8, LANES)
 
