@@ -388,6 +388,10 @@ def test_gemm_accumulates_on_strided_views(through_blas, monkeypatch):
     dev.set_scratch_cap(1024)  # the scratch path goes a few rows at a time
     add_product(dst, a, b.T, dev)
     np.testing.assert_allclose(dst, want, rtol=1e-5, atol=1e-5)
+    wide = rng.standard_normal((3, 40), dtype=np.float32)
+    want = wide[:, 5:35] + a[:3] @ b.T
+    add_product(wide[:, 5:35], a[:3], b.T, dev)  # a few rows (numpy, a temporary), a view
+    np.testing.assert_allclose(wide[:, 5:35], want, rtol=1e-5, atol=1e-5)
 
 
 def test_kernel_args_follow_replaced_buffers():
