@@ -3,6 +3,7 @@ import numpy as np
 
 from . import kernels
 from .autodiff import without_autodiff
+from .errors import ModelError
 from .models.llama import KVCache
 
 
@@ -59,12 +60,13 @@ def _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, t
     tok = model.tokenizer
     with without_autodiff():
         logits = model.next_logits(batch, cache)  # (B, V)
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             rows = logits.numpy()
             nxt = np.full((len(outs), 1), pad_id, dtype=np.int64)
             for i, out in enumerate(outs):
                 if done[i]:
                     continue
+                _check_finite(rows[i], step, i)
                 nxt[i, 0] = tok_id = _sample(rows[i], temperature, top_k, top_p, rng)
                 if tok_id in eos_ids:
                     done[i] = True
@@ -75,6 +77,13 @@ def _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, t
             if all(done):
                 break
             logits = model.next_logits(nxt, cache)
+
+
+def _check_finite(row, step, i):
+    """A NaN or inf logit would be sampled as some token, silently: say so instead."""
+    if not np.isfinite(row).all():
+        raise ModelError(f"generation: the logits of new token {step + 1} (prompt {i + 1}) are "
+                         "not finite; the model's weights or its adapter hold NaN or inf")
 
 
 def generate_ids(model, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,

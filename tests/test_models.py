@@ -309,6 +309,15 @@ def test_kv_cache_decoding_matches_full_forward(files, arch, kind, qname, adapte
     assert out == seq[5:]
 
 
+def test_generation_stops_at_non_finite_logits(files):
+    path, _ = files("llama3", "gguf_q8_0")
+    model = load_model(path, quant=QUANTS["none"])
+    apply_lora(model, {"targets": ["q_proj"], "rank": 2})
+    next(p for name, p in model.trainable() if name.endswith("lora_B")).data[...] = np.nan
+    with pytest.raises(ModelError, match=r"new token 1 \(prompt 1\) are not finite"):
+        generate_ids(model, [1, 2, 3], max_new_tokens=3)
+
+
 # --- bad inputs ------------------------------------------------------------------------------
 def test_missing_folder_and_unsupported_type(tmp_path):
     with pytest.raises(ModelError, match="nowhere"):

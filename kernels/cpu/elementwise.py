@@ -13,7 +13,9 @@ from . import SERIAL_MAX
 from .fastexp import SAFE_FASTMATH, fexp, one_like
 
 
-@njit(fastmath=True, cache=True)
+# error_model="numpy": a NaN row divides by NaN (or, with fast-math, by zero) and must give NaN
+# for the callers' finiteness checks, not raise ZeroDivisionError from inside the kernel.
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _rmsnorm_row(x, w, eps, y, r, i):
     d = x.shape[1]
     acc = 0.0
@@ -25,7 +27,7 @@ def _rmsnorm_row(x, w, eps, y, r, i):
         y[i, j] = x[i, j] * inv * w[j]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, error_model="numpy", cache=True)
 def rmsnorm_fwd(x, w, eps, y, r):
     """x, y: (R, D); w: (D,); r: (R,) gets 1/sqrt(mean(x^2) + eps)."""
     if x.size < SERIAL_MAX:
