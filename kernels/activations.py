@@ -6,8 +6,8 @@ Q8_0 activations) and multiply it with the weight's codes in integer SIMD (cpu/g
 1.3-2x faster for the ggml, K-quant, int8 and nf4 / fp4 formats, with x's rounding (~0.4% of
 a chunk's largest value per element) in the result, and for nf4 / fp4 their 16 table values
 rounded to multiples of 1/127 as well (as llama.cpp's IQ4_NL stores its table). F16 / BF16
-weights, larger batches and the CUDA kernels keep float32 x. Training and the loss never enter
-the block (packlora.generate does, unless asked for float activations).
+weights, larger batches and the CUDA kernels keep float32 x. Training, the loss and `eval`
+never enter the block (packlora.generate does, unless asked for float activations).
 """
 import contextlib
 

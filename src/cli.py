@@ -56,8 +56,7 @@ def _cmd_eval(a):
     model = _load(a)
     show = (lambda got, want, ok: print(("OK  " if ok else "BAD ") + got, flush=True)) \
         if a.verbose else None
-    print(json.dumps(exact_match(model, a.data, a.max_new_tokens, a.limit, show,
-                                 int8_activations=not a.float_activations)))
+    print(json.dumps(exact_match(model, a.data, a.max_new_tokens, a.limit, show)))
 
 
 def _cmd_merge(a):
@@ -97,12 +96,6 @@ def _model_args(p, adapter=True):
         p.add_argument("--adapter", default=None, help="PEFT-format adapter folder")
 
 
-def _activation_arg(p):
-    p.add_argument("--float-activations", action="store_true",
-                   help="decode with float32 activations in every packed product (slower; by "
-                        "default one-token steps round them to 8 bits, as llama.cpp does)")
-
-
 def build_parser():
     ap = argparse.ArgumentParser(prog="packlora", description=__doc__)
     ap.add_argument("--debug", action="store_true",
@@ -139,7 +132,9 @@ def build_parser():
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
-    _activation_arg(p)
+    p.add_argument("--float-activations", action="store_true",
+                   help="decode with float32 activations in every packed product (slower; by "
+                        "default the one-token steps round them to 8 bits, as llama.cpp does)")
     p.set_defaults(fn=_cmd_generate)
     p = add("eval", "held-out exact match on a chat JSONL file")
     _model_args(p)
@@ -147,7 +142,6 @@ def build_parser():
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--verbose", action="store_true")
-    _activation_arg(p)
     p.set_defaults(fn=_cmd_eval)
     p = add("merge", "merge an adapter into the base: an HF folder, or one GGUF file")
     p.add_argument("--model", required=True)

@@ -37,8 +37,9 @@ def _sample(logits, temperature, top_k, top_p, rng):
 def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eos_ids, stop,
             int8=True):
     """Generate after each prompt in `id_lists` together: one left-padded batch, one KV cache.
-    Returns the new ids of each row (EOS excluded). `int8`: the one-token steps round x to
-    8 bits in the packed products (kernels/activations.py), as llama.cpp decodes."""
+    Returns the new ids of each row (EOS excluded). `int8`: the one-token steps of a batch of
+    one or two prompts round x to 8 bits in the packed products (kernels/activations.py), as
+    llama.cpp decodes; larger batches keep float32 x."""
     tok = model.tokenizer
     rng = np.random.default_rng(seed)
     longest = max(len(ids) for ids in id_lists)
@@ -98,7 +99,8 @@ def generate_ids(model, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top
 def generate_batch(model, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
                    seed=None, stop=None, batch_size=32, int8_activations=True):
     """generate() for many prompts at once (left-padded batches of `batch_size`, similar
-    lengths together); returns the texts in the order of `prompts`."""
+    lengths together); returns the texts in the order of `prompts`. int8_activations applies
+    to batches of one or two prompts (see generate)."""
     tok = model.tokenizer
     if tok is None:
         raise ValueError("this model has no tokenizer; generate_ids() takes token ids")
@@ -126,8 +128,8 @@ def generate(model, prompt_or_messages, max_new_tokens=128, temperature=0.0, top
              top_k=0, seed=None, stop=None, int8_activations=True):
     """Generate text. A list of {"role", "content"} dicts is a chat (the chat template applies);
     a string is a plain prompt. Returns the generated text only (without the prompt).
-    int8_activations: the one-token steps round x to 8 bits in the products with packed
-    ggml / K-quant / int8 / nf4 weights, as llama.cpp does (1.3-2x faster products); False keeps
-    float32 x (the training forward's numbers)."""
+    int8_activations: the one-token steps (of a batch of one or two prompts) round x to 8 bits
+    in the products with packed ggml / K-quant / int8 / nf4 / fp4 weights, as llama.cpp does
+    (1.3-2x faster products); False keeps float32 x (the training forward's numbers)."""
     return generate_batch(model, [prompt_or_messages], max_new_tokens, temperature, top_p,
                           top_k, seed, stop, int8_activations=int8_activations)[0]

@@ -37,7 +37,7 @@ class MemoryTracker:
         self.peak = {c: 0 for c in CATEGORIES}
         self.total = 0
         self.total_peak = 0
-        self._live = {}  # id(owner) -> (nbytes, category)
+        self._live = {}  # id(owner) -> (nbytes, category, weak reference to the owner)
         self._stack = ["workspace"]
         self.enabled = True
         self._pool_peak = None  # max sampled pool.used_bytes() while measuring on a GPU

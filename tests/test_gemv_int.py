@@ -95,6 +95,12 @@ def test_quantize_x_matches_numpy_and_keeps_nan():
     np.testing.assert_allclose(xs[0, 3::XS_STRIDE], halves.sum(1), rtol=1e-5, atol=1e-6)
     assert np.all(xq[1, 32:64] == 0) and xs[1, XS_STRIDE] == 0.0
     assert np.isnan(xs[1, 2 * XS_STRIDE])  # the chunk holding the NaN
+    edge = np.zeros((1, 64), np.float32)
+    edge[0, :32] = np.float32(1e-38) * np.linspace(-1, 1, 32, dtype=np.float32)  # 127 / amax
+    edge[0, 40] = np.inf                                                        # overflows
+    gemv_int.quantize_x(edge, xq[:1, :64], xs[:1, :2 * XS_STRIDE])
+    assert np.abs(xq[0, :32].astype(int)).max() <= 127 and np.isfinite(xs[0, :XS_STRIDE]).all()
+    assert np.all(xq[0, 32:64] == 0) and np.isnan(xs[0, XS_STRIDE:2 * XS_STRIDE]).all()
     w = random_packed("q4_k", 3, 256, rng)
     y = np.zeros((1, 3), np.float32)
     x2 = rng.standard_normal((1, 256)).astype(np.float32)

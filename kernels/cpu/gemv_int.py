@@ -13,6 +13,7 @@ from .simd_int import XS_STRIDE
 from .simd_rows import row_idot
 
 _Q = np.float32(127.0)
+_BIG = np.float32(3.4e38)
 
 
 @njit(cache=True)
@@ -26,15 +27,18 @@ def quantize_x(x, xq, xs):
     for m in range(M):
         for c in range(K // 32):
             k = 32 * c
+            s = c * XS_STRIDE
             amax = np.float32(0.0)
-            tot = np.float32(0.0)  # NaN or inf in the chunk shows here
+            finite = True
             for j in range(32):
                 amax = max(amax, abs(x[m, k + j]))
-                tot += x[m, k + j]
-            inv = _Q / amax if amax > 0 else np.float32(0.0)
-            if not np.isfinite(tot):  # no NaN into the float -> int conversion: LLVM may
-                inv = np.float32(0.0)  # assume there is none, and this chunk's dx is NaN
-                amax = np.float32(np.nan)
+                finite = finite and np.isfinite(x[m, k + j])
+            if not finite:  # no NaN or inf into the float -> int conversion (poison to LLVM)
+                xq[m, k:k + 32] = 0
+                xs[m, s:s + XS_STRIDE] = np.nan
+                continue
+            # capped: below ~3.7e-37 127 / amax overflows, and |x * inv| <= 127 still holds
+            inv = min(_Q / amax, _BIG) if amax > 0 else np.float32(0.0)
             lo = 0
             hi = 0
             for j in range(32):
@@ -45,7 +49,6 @@ def quantize_x(x, xq, xs):
                 else:
                     hi += q
             dx = amax / _Q
-            s = c * XS_STRIDE
             xs[m, s] = dx
             xs[m, s + 1] = dx * lo
             xs[m, s + 2] = dx * hi
