@@ -21,6 +21,7 @@ from .fused_rows import (
     ce_backward_,
     ce_forward,
     dscores_t_,
+    one_query_attention,
     probs_t_,
     query_positions,
     rmsnorm_bwd,
@@ -195,6 +196,6 @@ def _cuda_rows(w, rows, out):
 __all__ = ["adamw8_update", "linear_fwd", "linear_bwd", "dequantize_rows", "gather_rows",
            "int8_activations", "int8_allowed", "add_product", "rmsnorm_fwd", "rmsnorm_bwd",
            "swiglu_fwd", "swiglu_bwd", "rope_rotate", "softmax_", "probs_t_", "dscores_t_",
-           "query_positions", "ce_forward", "ce_backward_", "DEFAULT_SCRATCH_CAP",
-           "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD", "column_align", "tile_plan",
-           "cuda_scratch_need"]
+           "query_positions", "one_query_attention", "ce_forward", "ce_backward_",
+           "DEFAULT_SCRATCH_CAP", "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD",
+           "column_align", "tile_plan", "cuda_scratch_need"]

@@ -5,6 +5,7 @@ The ops call these; none of them asks which backend it runs on."""
 import numpy as np
 
 from .cpu import attention as cpu_attention
+from .cpu import decode_attention as cpu_decode_attention
 from .cpu import elementwise as cpu_ew
 from .cpu import softmax_ce as cpu_ce
 from .cpu import takes
@@ -118,6 +119,19 @@ def softmax_(xp, sc, scale=1.0, causal=None):
     lsum = sc.sum(axis=-1, keepdims=True)
     sc /= lsum
     return m + xp.log(lsum)
+
+
+def one_query_attention(xp, q, k, v, key_valid, scale):
+    """out (B, H, D) of one query position q (B, H, D) over keys and values (B, S, Hkv, D)
+    (views of a KV cache), keys where key_valid (B, S) is False left out; None where no
+    kernel takes these arrays (the caller keeps its array expressions)."""
+    if not takes(xp, q, k, v) or k.strides[-1] != 4 or v.strides[-1] != 4:
+        return None
+    out = np.empty(q.shape, np.float32)
+    masked = key_valid is not None
+    valid = key_valid if masked else np.ones((1, 1), np.bool_)
+    cpu_decode_attention.one_query(q, k, v, valid, masked, np.float32(scale), out)
+    return out
 
 
 def probs_t_(xp, pt, scale, lse_t, causal=None):

@@ -282,9 +282,9 @@ def test_kv_cache_decoding_matches_full_forward(files, arch, kind, qname, adapte
     model = load_model(path, quant=QUANTS[qname])
     if adapter:
         apply_lora(model, {"targets": "all-linear", "rank": 2, "use_dora": adapter == "dora"})
-        rng = np.random.default_rng(4)
+        rng = np.random.default_rng(4)  # A too: its initialisation depends on the tests before
         for name, p in model.trainable():
-            if name.endswith("lora_B"):
+            if name.endswith(("lora_A", "lora_B")):
                 p.data[...] = 0.1 * rng.standard_normal(p.shape)
     ids = _ids(5, b=2, t=10)
     full = model(ids).numpy()  # (B, T, V)
@@ -300,7 +300,7 @@ def test_kv_cache_decoding_matches_full_forward(files, arch, kind, qname, adapte
     with kernels.int8_activations():  # generation's 8-bit x: close, not equal
         steps = [model.next_logits(ids[:, :4], cache).numpy()]
         steps += [model.next_logits(ids[:, t:t + 1], cache).numpy() for t in range(4, 10)]
-    assert np.abs(np.stack(steps, 1) - full[:, 3:]).max() <= 0.06 * np.abs(full).max()
+    assert np.abs(np.stack(steps, 1) - full[:, 3:]).max() <= 0.06 * np.abs(full).max()  # <2.6%
     prompt = [int(i) for i in ids[0, :5]]
     out = generate_ids(model, prompt, max_new_tokens=6, int8_activations=False)
     seq = list(prompt)

@@ -141,7 +141,9 @@ def test_attention_one_query_without_backward(dt):
         rec = [pl.Tensor(a.copy(), DEV).require_grad() for a in (q, k, v)]
         want = ops.attention(*rec, key_valid=kv)
         assert want._fn is not None  # the recorded, copying path
-        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5 if dt == np.float32 else 1e-12)
+        f32 = dt == np.float32  # float32: the fused one-query kernel sums in its own order
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5 if f32 else 1e-12,
+                                   atol=1e-6 if f32 else 0)
 
 
 def test_attention_memory_grows_linearly_in_t():

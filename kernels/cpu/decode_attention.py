@@ -1,0 +1,81 @@
+"""Attention of one new position over a KV cache, fused, for float32 on the CPU (decoding).
+
+out[b, h] = softmax(q[b, h] . k[b, :, h // G] * scale) @ v[b, :, h // G], G = H / Hkv query
+heads per key/value head (grouped-query attention), keys where `valid` is False (left padding)
+left out. k and v are the cache's own (B, S, Hkv, D) views, read in place. A task per (row,
+key/value head) computes the scores of its G query heads (each key read once for all G), their
+softmax (max first, fexp, as the softmax row kernel) and the weighted sums of values (each
+value row read once): a one-token step's attention had been
+a dozen numpy calls (batched matmuls, reshapes, the softmax kernel) per layer.
+"""
+import numpy as np
+from numba import njit, prange
+
+from . import SERIAL_MAX
+from .fastexp import SAFE_FASTMATH, fexp
+
+
+@njit(inline="always", fastmath=SAFE_FASTMATH, cache=True)
+def _scores(q, k, valid, masked, scale, b, kv, g, sc):
+    """sc (G, S) <- the scores of query heads kv * G .. kv * G + G - 1 (each key read once for
+    the G heads); returns their row maxima in sc's last use order (as an array)."""
+    d = q.shape[2]
+    m = np.full(g, -np.inf, np.float32)
+    for s in range(k.shape[1]):
+        if masked and not valid[b, s]:
+            for i in range(g):
+                sc[i, s] = -np.inf
+            continue
+        for i in range(g):
+            acc = np.float32(0.0)
+            for j in range(d):
+                acc += q[b, kv * g + i, j] * k[b, s, kv, j]
+            sc[i, s] = acc * scale
+            m[i] = max(m[i], sc[i, s])
+    return m
+
+
+@njit(fastmath=SAFE_FASTMATH, cache=True)
+def _group(q, k, v, valid, masked, scale, out, t, sc, acc):
+    """Task t = b * Hkv + kv: its G query heads into out[b, kv * G: (kv + 1) * G]; sc (G, S)
+    and acc (G, D) float32 scratch."""
+    nkv = k.shape[2]
+    b, kv = t // nkv, t % nkv
+    g = q.shape[1] // nkv
+    m = _scores(q, k, valid, masked, scale, b, kv, g, sc)
+    for i in range(g):
+        total = np.float32(0.0)
+        for s in range(k.shape[1]):
+            e = fexp(sc[i, s] - m[i])
+            sc[i, s] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for s in range(k.shape[1]):
+            sc[i, s] *= inv
+    acc[:] = 0.0
+    for s in range(k.shape[1]):
+        for i in range(g):
+            p = sc[i, s]
+            for j in range(acc.shape[1]):
+                acc[i, j] += p * v[b, s, kv, j]
+    for i in range(g):
+        for j in range(acc.shape[1]):
+            out[b, kv * g + i, j] = acc[i, j]
+
+
+@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
+def one_query(q, k, v, valid, masked, scale, out):
+    """q (B, H, D), k and v (B, S, Hkv, D), valid (B, S) bool (read where `masked`), out
+    (B, H, D). A task per (row, key/value head); serial below SERIAL_MAX values of keys and
+    values."""
+    tasks = k.shape[0] * k.shape[2]
+    g = q.shape[1] // k.shape[2]
+    if 2 * k.size < SERIAL_MAX:
+        sc = np.empty((g, k.shape[1]), np.float32)
+        acc = np.empty((g, q.shape[2]), np.float32)
+        for t in range(tasks):
+            _group(q, k, v, valid, masked, scale, out, t, sc, acc)
+    else:
+        for t in prange(tasks):
+            _group(q, k, v, valid, masked, scale, out, t, np.empty((g, k.shape[1]), np.float32),
+                   np.empty((g, q.shape[2]), np.float32))
