@@ -5,8 +5,8 @@ heads per key/value head (grouped-query attention), keys where `valid` is False 
 left out. k and v are the cache's own (B, S, Hkv, D) views, read in place. A task per (row,
 key/value head) computes the scores of its G query heads (each key read once for all G), their
 softmax (max first, fexp, as the softmax row kernel) and the weighted sums of values (each
-value row read once): a one-token step's attention had been
-a dozen numpy calls (batched matmuls, reshapes, the softmax kernel) per layer.
+value row read once): a one-token step's attention had been a dozen numpy calls (batched
+matmuls, reshapes, the softmax kernel) per layer. A NaN score makes its head's output NaN.
 """
 import numpy as np
 from numba import njit, prange
@@ -18,7 +18,7 @@ from .fastexp import SAFE_FASTMATH, fexp
 @njit(inline="always", fastmath=SAFE_FASTMATH, cache=True)
 def _scores(q, k, valid, masked, scale, b, kv, g, sc):
     """sc (G, S) <- the scores of query heads kv * G .. kv * G + G - 1 (each key read once for
-    the G heads); returns their row maxima in sc's last use order (as an array)."""
+    the G heads); returns each head's largest score (G,)."""
     d = q.shape[2]
     m = np.full(g, -np.inf, np.float32)
     for s in range(k.shape[1]):
