@@ -121,6 +121,9 @@ def softmax_(xp, sc, scale=1.0, causal=None):
     return m + xp.log(lsum)
 
 
+_ALL_VALID = np.ones((1, 1), np.bool_)  # one_query's mask slot where no key is masked
+
+
 def one_query_attention(xp, q, k, v, key_valid, scale):
     """out (B, H, D) of one query position q (B, H, D) over keys and values (B, S, Hkv, D)
     (views of a KV cache), keys where key_valid (B, S) is False left out; None where no
@@ -129,7 +132,7 @@ def one_query_attention(xp, q, k, v, key_valid, scale):
         return None
     out = np.empty(q.shape, np.float32)
     masked = key_valid is not None
-    valid = key_valid if masked else np.ones((1, 1), np.bool_)
+    valid = key_valid if masked else _ALL_VALID
     cpu_decode_attention.one_query(q, k, v, valid, masked, np.float32(scale), out)
     return out
 

@@ -142,7 +142,7 @@ class Function:
             needs = tuple(isinstance(t, Recorded) and t.is_tracked() for t in inputs)
             record = any(needs)
         fn = cls(device, needs if record else (False,) * len(inputs))
-        arrays = [t.data if isinstance(t, Recorded) else t for t in inputs]
+        arrays = [plain(t) for t in inputs]
         if record:
             fn.parents = tuple(parent_ref(t) for t in inputs)
         out = fn.forward(*arrays, **kwargs)

@@ -37,6 +37,7 @@ SCALES = ("f16",      # the block header's fp16 d
           "k2",       # Q2_K: d * (s & 15) - dmin * (s >> 4), a byte s per 16 lanes
           "k3",       # Q3_K: d * (sc - 32), 6-bit sc per 16 lanes packed in 12 bytes
           "one")      # none: the values are the weights (F16, BF16)
+KQ_SCALES = ("k4", "k6", "k2", "k3")  # the K-quants': packed sub-block scales
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 from . import simd_ir as irb
-from .chunks import LANES, flat_layout, ggml_layout, half_layout, kquant_layouts, q5_layout
+from .chunks import (KQ_SCALES, LANES, flat_layout, ggml_layout, half_layout, kquant_layouts,
+                     q5_layout)
 from .simd_values import half_values, plane_codes, q5_codes, sub_scale_min, to_float
 
 # Chunk kinds (how 32 consecutive values are stored): indices into LAYOUTS.
@@ -52,11 +53,17 @@ def chunk_kind(fmt, double_quant):
     return TAB4DQ if kind == TAB4 and double_quant else kind
 
 
+def host_features():
+    """The host CPU's features for host-specific instructions; none where a portable cache was
+    asked for (NUMBA_CPU_NAME)."""
+    if config.CPU_NAME not in (None, "host"):
+        return {}
+    return llb.get_host_cpu_features()
+
+
 def lookup_variant():
     """How TAB4 maps nibbles to table values on this host: 'avx512', 'avx2' or 'select'."""
-    if config.CPU_NAME not in (None, "host"):
-        return "select"  # a portable cache was asked for: no host-specific instructions
-    feats = llb.get_host_cpu_features()
+    feats = host_features()
     if feats.get("avx512f"):
         return "avx512"
     return "avx2" if feats.get("avx2") else "select"
@@ -65,35 +72,26 @@ def lookup_variant():
 def _lookup(b, idx, tab, variant):
     """<32 x float> tab[idx] for <32 x i32> idx in [0, 16); tab is <16 x float>."""
     if variant == "avx512":
-        fn = cgutils.get_or_insert_function(
-            b.module, ir.FunctionType(ir.VectorType(irb.F32, 16), [ir.VectorType(irb.F32, 16),
-                                                                 ir.VectorType(irb.I32, 16)]),
-            "llvm.x86.avx512.permvar.sf.512")
-        halves = [b.call(fn, [tab, b.shuffle_vector(idx, idx, irb.mask(range(h, h + 16)))])
+        v16f = ir.VectorType(irb.F32, 16)
+        halves = [irb.call(b, "llvm.x86.avx512.permvar.sf.512", v16f,
+                           [tab, b.shuffle_vector(idx, idx, irb.mask(range(h, h + 16)))])
                   for h in (0, 16)]
         return b.shuffle_vector(halves[0], halves[1], irb.mask(range(32)))
     if variant == "avx2":
         v8f, v8i = ir.VectorType(irb.F32, 8), ir.VectorType(irb.I32, 8)
-        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(v8f, [v8f, v8i]),
-                                            "llvm.x86.avx2.permps")
         low = b.shuffle_vector(tab, tab, irb.mask(range(8)))
         high = b.shuffle_vector(tab, tab, irb.mask(range(8, 16)))
         parts = []
         for q in range(0, 32, 8):
             i8 = b.shuffle_vector(idx, idx, irb.mask(range(q, q + 8)))
             upper = b.icmp_unsigned(">", i8, ir.Constant(v8i, [7] * 8))
-            parts.append(b.select(upper, b.call(fn, [high, i8]), b.call(fn, [low, i8])))
+            parts.append(b.select(upper, irb.call(b, "llvm.x86.avx2.permps", v8f, [high, i8]),
+                                  irb.call(b, "llvm.x86.avx2.permps", v8f, [low, i8])))
         lo16 = b.shuffle_vector(parts[0], parts[1], irb.mask(range(16)))
         hi16 = b.shuffle_vector(parts[2], parts[3], irb.mask(range(16)))
         return b.shuffle_vector(lo16, hi16, irb.mask(range(32)))
-    # Portable: a binary tree of selects on the index bits, leaves are splatted table entries.
-    level = [irb.splat(b, b.extract_element(tab, ir.Constant(irb.I32, i))) for i in range(16)]
-    vi = ir.VectorType(irb.I32, LANES)
-    for bit in range(4):
-        on = b.icmp_unsigned("!=", b.and_(idx, ir.Constant(vi, [1 << bit] * LANES)),
-                             ir.Constant(vi, [0] * LANES))
-        level = [b.select(on, level[j + 1], level[j]) for j in range(0, len(level), 2)]
-    return level[0]
+    return irb.select_lookup(b, idx, [irb.splat(b, b.extract_element(tab, ir.Constant(
+        irb.I32, i))) for i in range(16)])
 
 
 def chunk_codes(b, lay, chunk, codes, head):
@@ -109,10 +107,7 @@ def chunk_codes(b, lay, chunk, codes, head):
     p = irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8)
     if lay.values == "i8":
         return irb.load(b, p, ir.VectorType(irb.I8, LANES), 1), 0, True
-    v16 = ir.VectorType(irb.I8, 16)
-    raw = irb.load(b, p, v16, 1)
-    lo = b.and_(raw, ir.Constant(v16, [15] * 16))
-    hi = b.lshr(raw, ir.Constant(v16, [4] * 16))
+    lo, hi = irb.nibbles(b, p)
     # ggml: value j in the low nibble of byte j, j + 16 in the high; q4_0 stores value + 8
     return b.shuffle_vector(lo, hi, irb.mask(range(32))), 8 if lay.values == "q4_0" else 0, False
 
@@ -132,11 +127,7 @@ def _values(b, lay, chunk, codes, head, tab, variant):
 def tab4_indices(b, chunk, codes, head):
     """<32 x i8> table indices of a TAB4 chunk: value 2i in the high nibble of byte i, 2i+1
     in the low."""
-    p = irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8)
-    v16 = ir.VectorType(irb.I8, 16)
-    raw = irb.load(b, p, v16, 1)
-    lo = b.and_(raw, ir.Constant(v16, [15] * 16))
-    hi = b.lshr(raw, ir.Constant(v16, [4] * 16))
+    lo, hi = irb.nibbles(b, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8))
     inter = [j // 2 + (0 if j % 2 == 0 else 16) for j in range(32)]  # high nibble first
     return b.shuffle_vector(hi, lo, irb.mask(inter))
 
@@ -145,7 +136,7 @@ def scale_min(b, lay, chunk, src, head, blk):
     """(scale, min) of a chunk: from the ggml header at byte `head` (K-quants: its sub-block
     scales), or block `blk`'s absmax."""
     codes, absmax, aq, acode, ascale, aoff = src
-    if lay.scale in ("k2", "k3", "k4", "k6"):
+    if lay.scale in KQ_SCALES:
         return sub_scale_min(b, lay, chunk, codes, head)
     if lay.scale == "one":  # -0.0: x + -0.0 is x, so the scale and min fold away
         return ir.Constant(irb.F32, 1.0), ir.Constant(irb.F32, -0.0)

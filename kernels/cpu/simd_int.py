@@ -17,16 +17,15 @@ The products: AVX-512 VNNI / AVX-VNNI
 keep pmaddubsw's 16-bit pair sums from saturating); a format's code offset (q4_0's 8, Q6_K's
 32, ...) joins the min term instead.
 """
-from llvmlite import binding as llb
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils, config
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...quant import REGISTRY
 from . import simd_ir as irb
-from .chunks import LANES
-from .simd import LAYOUTS, chunk_codes, scale_min, sources, tab4_indices
+from .chunks import KQ_SCALES, LANES
+from .simd import LAYOUTS, chunk_codes, host_features, scale_min, sources, tab4_indices
 from .simd_values import sub_scales
 
 # Floats of x's side per chunk (gemv_int.quantize_x): dx, dx * the sums of xq over lanes 0-15,
@@ -55,30 +54,22 @@ INT_KINDS = tuple(k for k, lay in enumerate(LAYOUTS) if int_layout(lay))
 
 def dot_variant():
     """How four u8 x s8 products are summed per lane on this host: 'vnni', 'avx2' or 'generic'."""
-    if config.CPU_NAME not in (None, "host"):
-        return "generic"  # a portable cache was asked for: no host-specific instructions
-    feats = llb.get_host_cpu_features()
+    feats = host_features()
     if (feats.get("avx512vnni") and feats.get("avx512vl")) or feats.get("avxvnni"):
         return "vnni"
     return "avx2" if feats.get("avx2") else "generic"
-
-
-def _call(b, name, ret, args):
-    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ret, [a.type for a in args]),
-                                        name)
-    return b.call(fn, args)
 
 
 def _dot4(b, a, x, variant):
     """<8 x i32>: lane i = sum_k a[4i + k] * x[4i + k], a unsigned and x signed bytes."""
     if variant == "vnni":
         zero = ir.Constant(_V8I, [0] * 8)
-        return _call(b, "llvm.x86.avx512.vpdpbusd.256", _V8I,
+        return irb.call(b, "llvm.x86.avx512.vpdpbusd.256", _V8I,
                      [zero, b.bitcast(a, _V8I), b.bitcast(x, _V8I)])
     if variant == "avx2":
         v16 = ir.VectorType(ir.IntType(16), 16)
-        pairs = _call(b, "llvm.x86.avx2.pmadd.ub.sw", v16, [a, x])
-        return _call(b, "llvm.x86.avx2.pmadd.wd", _V8I, [pairs, ir.Constant(v16, [1] * 16)])
+        pairs = irb.call(b, "llvm.x86.avx2.pmadd.ub.sw", v16, [a, x])
+        return irb.call(b, "llvm.x86.avx2.pmadd.wd", _V8I, [pairs, ir.Constant(v16, [1] * 16)])
     v32 = ir.VectorType(irb.I32, LANES)
     prod = b.mul(b.zext(a, v32), b.sext(x, v32))
     parts = [b.shuffle_vector(prod, prod, irb.mask(range(k, LANES, 4))) for k in range(4)]
@@ -108,7 +99,7 @@ def _with_offset(b, subs, offset):
 
 def _scales(b, lay, chunk, src, head, blk):
     """[(scale, min or None)] per sub-block of the chunk (one or two), floats."""
-    if lay.scale in ("k2", "k3", "k4", "k6"):
+    if lay.scale in KQ_SCALES:
         return sub_scales(b, lay, chunk, src[0], head)
     sc, mn = scale_min(b, lay, chunk, src[:-1], head, blk)  # (without the int8 table)
     if lay.values == "tab4":  # the table's values are multiples of 1 / TAB_Q
@@ -121,7 +112,7 @@ def _int_table(context, b, pkty, pk):
     v16f = ir.VectorType(irb.F32, 16)
     tab = irb.load(b, irb.member(context, b, pkty, pk, 12), v16f, 4)
     scaled = b.fmul(tab, ir.Constant(v16f, [TAB_Q] * 16))
-    return b.fptosi(_call(b, "llvm.rint.v16f32", v16f, [scaled]), ir.VectorType(irb.I8, 16))
+    return b.fptosi(irb.call(b, "llvm.rint.v16f32", v16f, [scaled]), ir.VectorType(irb.I8, 16))
 
 
 def _table_values(b, chunk, codes, head, table, variant):
@@ -130,13 +121,9 @@ def _table_values(b, chunk, codes, head, table, variant):
     idx = tab4_indices(b, chunk, codes, head)
     if variant in ("vnni", "avx2"):
         both = b.shuffle_vector(table, table, irb.mask(list(range(16)) * 2))
-        return _call(b, "llvm.x86.avx2.pshuf.b", _V32B, [both, idx])
-    level = [irb.splat(b, b.extract_element(table, ir.Constant(irb.I32, i))) for i in range(16)]
-    for bit in range(4):
-        on = b.icmp_unsigned("!=", b.and_(idx, ir.Constant(_V32B, [1 << bit] * LANES)),
-                             ir.Constant(_V32B, [0] * LANES))
-        level = [b.select(on, level[j + 1], level[j]) for j in range(0, len(level), 2)]
-    return level[0]
+        return irb.call(b, "llvm.x86.avx2.pshuf.b", _V32B, [both, idx])
+    return irb.select_lookup(b, idx, [irb.splat(b, b.extract_element(table, ir.Constant(
+        irb.I32, i))) for i in range(16)])
 
 
 def _xs(b, xsd, xc, k):
@@ -157,7 +144,7 @@ def _chunk(b, lay, chunk, src, head, subs, xqd, xsd, xc, variant, accp, minp):
     dx = _xs(b, xsd, xc, 0)
     lanes = [irb.splat(b, b.fmul(sc, dx), 4) for sc, _ in subs]
     scale = b.shuffle_vector(lanes[0], lanes[-1], irb.mask([0, 1, 2, 3, 4, 5, 6, 7]))
-    b.store(_call(b, "llvm.fma.v8f32", _V8F, [b.sitofp(isum, _V8F), scale, b.load(accp)]), accp)
+    b.store(irb.call(b, "llvm.fma.v8f32", _V8F, [b.sitofp(isum, _V8F), scale, b.load(accp)]), accp)
     if subs[0][1] is None:
         return
     mins = [(subs[0][1], 3)] if len(subs) == 1 else [(mn, 1 + i) for i, (_, mn) in

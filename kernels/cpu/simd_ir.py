@@ -20,11 +20,34 @@ def splat(b, val, n=LANES):
     return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), mask([0] * n))
 
 
+def call(b, name, ret, args):
+    """A call of the LLVM function (an intrinsic) `name` returning `ret`, declared from args."""
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ret, [a.type for a in args]),
+                                        name)
+    return b.call(fn, args)
+
+
 def fma(b, x, y, z):
     """x * y + z on <32 x float> vectors, fused."""
-    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(VF, [VF, VF, VF]),
-                                        "llvm.fma.v32f32")
-    return b.call(fn, [x, y, z])
+    return call(b, "llvm.fma.v32f32", VF, [x, y, z])
+
+
+def nibbles(b, p):
+    """(low, high) nibbles of the 16 bytes at byte pointer p, as two <16 x i8>."""
+    v16 = ir.VectorType(I8, 16)
+    raw = load(b, p, v16, 1)
+    return b.and_(raw, ir.Constant(v16, [15] * 16)), b.lshr(raw, ir.Constant(v16, [4] * 16))
+
+
+def select_lookup(b, idx, leaves):
+    """leaves[idx] lane by lane for an integer vector idx in [0, 16), leaves 16 vectors of
+    idx's width: a binary tree of selects on the index bits (no host-specific instruction)."""
+    level = list(leaves)
+    for bit in range(4):
+        on = b.icmp_unsigned("!=", b.and_(idx, ir.Constant(idx.type, [1 << bit] * idx.type.count)),
+                             ir.Constant(idx.type, [0] * idx.type.count))
+        level = [b.select(on, level[j + 1], level[j]) for j in range(0, len(level), 2)]
+    return level[0]
 
 
 def hsum(b, v):

@@ -30,32 +30,30 @@ def _run(op, kind, pk, cb, nch, g0, sh, a, v, vo):
     return _axpy(kind, pk, cb, nch, g0, sh, a, v, vo)
 
 
+@njit(inline="always", cache=True)
+def _span_start(pk, n, k0):
+    """(cb, g0, sh) of W[n, k0:]: the byte its first block starts at, and for a flat format the
+    absmax block of its first chunk as g0 and chunks -> blocks as a shift (ggml: 0, 0). The
+    weight's chunk kind, bytes per block (0: a flat format) and log2 of its values per block
+    are pk[14:17]."""
+    K = pk[3]
+    if pk[15]:  # ggml rows of whole blocks
+        return (n * (K >> pk[16]) + (k0 >> pk[16])) * pk[15], 0, 0
+    start = n * K + k0
+    return (start if pk[14] == I8 else start // 2), start // 32, pk[13]
+
+
 @njit(inline="always", fastmath=True, cache=True)
 def row_run(op, pk, n, k0, k1, a, v, vo):
     """Apply `op` to W[n, k0:k1] (simd.py): v[vo:] is the decode target, the x row of a dot
-    (the dot's value is returned) or the axpy output (scaled by a). The weight's chunk kind,
-    bytes per block (0: a flat format) and log2 of its values per block are pk[14:17]."""
-    K = pk[3]
-    kind = pk[14]
-    nch = (k1 - k0) // 32
-    if pk[15]:  # ggml rows of whole blocks
-        cb = (n * (K >> pk[16]) + (k0 >> pk[16])) * pk[15]
-        return _run(op, kind, pk, cb, nch, 0, 0, a, v, vo)
-    start = n * K + k0
-    cb = start if kind == I8 else start // 2
-    return _run(op, kind, pk, cb, nch, start // 32, pk[13], a, v, vo)
+    (the dot's value is returned) or the axpy output (scaled by a)."""
+    cb, g0, sh = _span_start(pk, n, k0)
+    return _run(op, pk[14], pk, cb, (k1 - k0) // 32, g0, sh, a, v, vo)
 
 
 @njit(inline="always", fastmath=True, cache=True)
 def row_idot(pk, n, k0, k1, xq, xs):
     """W[n, k0:k1] . x in integers (simd_int.py): xq and xs hold x's chunks from chunk 0, the
     span's from k0 // 32. Only for the chunk kinds of simd_int.INT_KINDS."""
-    K = pk[3]
-    kind = pk[14]
-    nch = (k1 - k0) // 32
-    if pk[15]:
-        cb = (n * (K >> pk[16]) + (k0 >> pk[16])) * pk[15]
-        return _idot(kind, pk, cb, nch, 0, 0, xq, xs, k0 // 32)
-    start = n * K + k0
-    cb = start if kind == I8 else start // 2
-    return _idot(kind, pk, cb, nch, start // 32, pk[13], xq, xs, k0 // 32)
+    cb, g0, sh = _span_start(pk, n, k0)
+    return _idot(pk[14], pk, cb, (k1 - k0) // 32, g0, sh, xq, xs, k0 // 32)

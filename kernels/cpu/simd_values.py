@@ -51,10 +51,8 @@ def plane_codes(b, lay, chunk, codes, head):
 def q5_codes(b, lay, chunk, codes, head):
     """Q5_0 / Q5_1 codes: ggml's nibble order, bit j of a little-endian uint32 as bit 4
     (unsigned, before the layout's offset)."""
-    v16 = ir.VectorType(irb.I8, 16)
-    raw = irb.load(b, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8), v16, 1)
-    q = b.shuffle_vector(b.and_(raw, _vconst(15, v16)), b.lshr(raw, _vconst(4, v16)),
-                         irb.mask(range(LANES)))
+    lo, hi = irb.nibbles(b, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8))
+    q = b.shuffle_vector(lo, hi, irb.mask(range(LANES)))
     bits = irb.load(b, irb.ptr(b, codes, irb.plus(b, head, chunk.high_at), irb.I8), irb.I32, 1)
     v32 = ir.VectorType(irb.I32, LANES)
     high = b.and_(b.lshr(irb.splat(b, bits), ir.Constant(v32, list(range(LANES)))),
