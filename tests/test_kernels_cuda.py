@@ -15,8 +15,9 @@ SHAPES = [(1, 33, 96), (7, 64, 32), (9, 1, 96)]  # (M, N, K)
 # ggml super-blocks of 256 (random bytes with small fp16 scales: not quantized from float here)
 KQUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 KQUANT_SHAPES = [(3, 9, 512), (1, 5, 256)]
-# nf4/fp4/int8 only: blocks straddle rows, a tail block; odd numel (pad nibble), block 32.
-FLAT_SHAPES = [((7, 33, 100), 64), ((5, 9, 99), 32)]
+# nf4/fp4/int8 only: blocks straddle rows, a tail block; odd numel (pad nibble), block 32; at
+# M = 3 a K the forward GEMV's runs do not divide (the tile kernel) and the backward's do.
+FLAT_SHAPES = [((7, 33, 100), 64), ((5, 9, 99), 32), ((3, 7, 100), 64)]
 # (fmt, dq, shape, block, tile args): other tile shapes (32 threads each).
 TILE_CASES = [("nf4", True, (17, 20, 100), 64, (16, 16, 16, 4, 2, 4)),
               ("q4_1", False, (9, 40, 64), 32, (8, 32, 32, 4, 8, 8))]
@@ -124,6 +125,27 @@ def _sim_gather(quantize, rng):
     return errs
 
 
+def _sim_gemv_rows(ops, quantize, rng):
+    """The GEMV kernels at every row bound (ops.GEMV_MAX_M raised to gemv.MAX_M), M = 1..16."""
+    errs = {}
+    saved = ops.GEMV_MAX_M
+    ops.GEMV_MAX_M = ops.gemv.MAX_M
+    try:
+        for fmt, dq, m in [("q4_0", False, 16), ("nf4", True, 9), ("q6_k", False, 4),
+                           ("q8_0", False, 5)]:
+            k = 256
+            w = quantize(rng.standard_normal((12, k)).astype(np.float32), fmt, double_quant=dq)
+            dense = w.dequantize()                                      # (N, K)
+            x = rng.standard_normal((m, k)).astype(np.float32)          # (M, K)
+            dy = rng.standard_normal((m, 12)).astype(np.float32)        # (M, N)
+            errs[f"{fmt}{'_dq' if dq else ''}-m{m}"] = {
+                "fwd": _rel_err(ops.linear_fwd(x, w), x @ dense.T),
+                "bwd": _rel_err(ops.linear_bwd(dy, w), dy @ dense)}
+    finally:
+        ops.GEMV_MAX_M = saved
+    return errs
+
+
 def _sim_weight_args(ops, quantize, rng):
     """A weight's kernel arguments are made once; replacing a buffer makes them again."""
     from packlora.kernels.cuda.launch import weight_args
@@ -151,6 +173,7 @@ def _simulator_main():
     out["api"] = _sim_api(ops, quantize, rng)
     out["gather"] = _sim_gather(quantize, rng)
     out["weight_args"] = _sim_weight_args(ops, quantize, rng)
+    out["gemv_rows"] = _sim_gemv_rows(ops, quantize, rng)
     print(json.dumps(out))
 
 
@@ -200,6 +223,11 @@ def test_simulator_weight_args_follow_buffers(sim):
     res = sim["weight_args"]
     assert res["kept"] and res["remade"], res
     assert res["before"] < 2e-5 and res["after"] < 2e-5, res
+
+
+def test_simulator_gemv_every_row_bound(sim):
+    for case, res in sim["gemv_rows"].items():
+        assert res["fwd"] < 2e-5 and res["bwd"] < 2e-5, (case, res)
 
 
 # ---------------------------------------------------------------- real GPU (cupy)

@@ -1,4 +1,5 @@
-"""CUDA device helpers on raw bytes: fp16 and bf16 values and signed bytes, by bit arithmetic."""
+"""CUDA device helpers on raw bytes: bf16 values and signed bytes, by bit arithmetic. (fp16
+values are read through a float16 view of the bytes: decode_k.f16_at.)"""
 
 import math
 
@@ -40,12 +41,6 @@ def _float_bits(h, mant_bits, exp_max, bias):
     if h & 0x8000:
         return -val
     return val
-
-
-@cuda.jit(device=True, cache=True)
-def half_to_float(lo, hi):
-    """IEEE fp16 (little-endian bytes lo, hi) -> float32, by bit arithmetic."""
-    return _float_bits(int32(lo) | (int32(hi) << 8), 10, 31, 15)
 
 
 @cuda.jit(device=True, cache=True)

@@ -4,8 +4,8 @@ from numba import cuda, float32, int32
 
 from ...quant import REGISTRY
 from ..format_ids import FP4, INT8, NF4, Q4_0, Q4_1, Q8_0
-from .bits import half_to_float, signed_byte
-from .decode_k import BLOCK_BYTES, BLOCK_ELEMS, block_value
+from .bits import signed_byte
+from .decode_k import BLOCK_BYTES, BLOCK_ELEMS, block_value, f16_at
 
 __all__ = ["FP4", "INT8", "NF4", "Q4_0", "Q4_1", "Q8_0", "decode_run"]
 
@@ -53,18 +53,19 @@ def decode_run_flat(dst, r, c, dr, dc, cnt, i, fmt, bs, dq, q, absmax, amq, amco
 
 
 @cuda.jit(device=True, cache=True)
-def decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
+def decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q, q16):
     """q5_0 / q5_1 / K-quants / f16 / bf16: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
     elems = BLOCK_ELEMS[fmt]
     bpb = BLOCK_BYTES[fmt]
     row = n * (kdim // elems) * bpb
     for t in range(cnt):
         kk = k + t
-        dst[r + t * dr, c + t * dc] = block_value(q, row + (kk // elems) * bpb, kk % elems, fmt)
+        dst[r + t * dr, c + t * dc] = block_value(q, q16, row + (kk // elems) * bpb, kk % elems,
+                                                       fmt)
 
 
 @cuda.jit(device=True, cache=True)
-def decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
+def decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q, q16):
     """q4_0 / q4_1 / q8_0: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
     bpb = BLOCK_BYTES[fmt]
     row = n * (kdim >> GGML_SHIFT) * bpb
@@ -76,9 +77,9 @@ def decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
         j = kk & (GGML_ELEMS - 1)
         if t == 0 or j == 0:
             base = row + (kk >> GGML_SHIFT) * bpb
-            d = half_to_float(q[base], q[base + 1])
+            d = f16_at(q16, base)
             if fmt == Q4_1:
-                m = half_to_float(q[base + Q4_1_MIN], q[base + Q4_1_MIN + 1])
+                m = f16_at(q16, base + Q4_1_MIN)
         if fmt == Q8_0:
             v = float32(signed_byte(q[base + Q8_0_CODES + j])) * d
         else:
@@ -92,15 +93,18 @@ def decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q):
 
 
 @cuda.jit(device=True, cache=True)
-def decode_run(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale,
-               amoff, codebook):
-    """dst[r + t*dr, c + t*dc] = W[n, k + t] for t < cnt, any format (W is (N, kdim))."""
+def decode_run(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq, amcode,
+               amscale, amoff, codebook):
+    """dst[r + t*dr, c + t*dc] = W[n, k + t] for t < cnt, any format (W is (N, kdim)). q16 is
+    q's float16 view (block formats: their fp16 scales sit at even offsets). Kernels pass fmt
+    and dq as constants of their own (launch.py builds one per format), so the compiled decode
+    keeps only that format's branch."""
     if cnt <= 0:
         return
     if fmt > Q8_0:
-        decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q)
+        decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q, q16)
     elif fmt >= Q4_0:
-        decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q)
+        decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q, q16)
     else:
         decode_run_flat(dst, r, c, dr, dc, cnt, n * kdim + k, fmt, bs, dq, q, absmax, amq,
                         amcode, amscale, amoff, codebook)

@@ -8,7 +8,7 @@ from numba import cuda, float32, int32
 from ...quant import REGISTRY
 from ...quant.registry import FLAT
 from ..format_ids import FORMAT_IDS
-from .bits import bf16_to_float, half_to_float, signed_byte
+from .bits import bf16_to_float, signed_byte
 
 Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16 = (
     FORMAT_IDS[n] for n in ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "f16",
@@ -41,19 +41,21 @@ BLOCK_ELEMS, BLOCK_BYTES = _block_table("elems"), _block_table("nbytes")
 
 
 @cuda.jit(device=True, cache=True)
-def _f16(q, at):
-    return half_to_float(q[at], q[at + 1])
+def f16_at(q16, at):
+    """The fp16 value at byte offset `at` (even) of a block buffer, from its float16 view: one
+    hardware conversion."""
+    return float32(q16[at >> 1])
 
 
 @cuda.jit(device=True, cache=True)
-def _q5(q, base, j, fmt):
+def _q5(q, q16, base, j, fmt):
     codes = base + (Q5_0_CODES if fmt == Q5_0 else Q5_1_CODES)
     hi = base + (Q5_0_HIGH if fmt == Q5_0 else Q5_1_HIGH)
     low = (int32(q[codes + j]) & 15) if j < 16 else (int32(q[codes + j - 16]) >> 4)
     code = low | (((int32(q[hi + (j >> 3)]) >> (j & 7)) & 1) << 4)
     if fmt == Q5_0:
-        return float32(code - 16) * _f16(q, base)
-    return float32(code) * _f16(q, base) + _f16(q, base + Q5_1_MIN)
+        return float32(code - 16) * f16_at(q16, base)
+    return float32(code) * f16_at(q16, base) + f16_at(q16, base + Q5_1_MIN)
 
 
 @cuda.jit(device=True, cache=True)
@@ -67,7 +69,7 @@ def _scale_min_k4(q, at, s):
 
 
 @cuda.jit(device=True, cache=True)
-def _q45_k(q, base, j, fmt):
+def _q45_k(q, q16, base, j, fmt):
     """Q4_K / Q5_K value j: nibble (j // 32) % 2 of byte 32 (j // 64) + j % 32."""
     codes = base + (Q4_CODES if fmt == Q4_K else Q5_CODES)
     s = j >> 5
@@ -75,46 +77,47 @@ def _q45_k(q, base, j, fmt):
     if fmt == Q5_K:
         code |= ((int32(q[base + Q5_HIGH + (j & 31)]) >> s) & 1) << 4
     sc, mn = _scale_min_k4(q, base + Q4_SC, s)  # Q4_SC == Q5_SC, d and dmin at the same bytes
-    return _f16(q, base + Q4_D) * float32(sc) * float32(code) - _f16(q, base + Q4_M) * float32(mn)
+    return (f16_at(q16, base + Q4_D) * float32(sc) * float32(code)
+            - f16_at(q16, base + Q4_M) * float32(mn))
 
 
 @cuda.jit(device=True, cache=True)
-def _q6_k(q, base, j):
+def _q6_k(q, q16, base, j):
     h, r = j >> 7, j & 127
     jj, lane = r >> 5, r & 31
     low = (int32(q[base + Q6_CODES + 64 * h + 32 * (jj & 1) + lane]) >> (4 * (jj >> 1))) & 15
     high = (int32(q[base + Q6_HIGH + 32 * h + lane]) >> (2 * jj)) & 3
     sc = signed_byte(q[base + Q6_SC + (j >> 4)])
-    return _f16(q, base + Q6_D) * float32(sc) * float32((low | (high << 4)) - 32)
+    return f16_at(q16, base + Q6_D) * float32(sc) * float32((low | (high << 4)) - 32)
 
 
 @cuda.jit(device=True, cache=True)
-def _q23_k(q, base, j, fmt):
+def _q23_k(q, q16, base, j, fmt):
     h, jj, lane = j >> 7, (j & 127) >> 5, j & 31
     codes = base + (Q2_CODES if fmt == Q2_K else Q3_CODES)
     code = (int32(q[codes + 32 * h + lane]) >> (2 * jj)) & 3
     i = j >> 4
     if fmt == Q2_K:
         s = int32(q[base + Q2_SC + i])
-        return (_f16(q, base + Q2_D) * float32(s & 15) * float32(code)
-                - _f16(q, base + Q2_M) * float32(s >> 4))
+        return (f16_at(q16, base + Q2_D) * float32(s & 15) * float32(code)
+                - f16_at(q16, base + Q2_M) * float32(s >> 4))
     code = code | (((int32(q[base + Q3_HIGH + lane]) >> (j >> 5)) & 1) << 2)
     low = (int32(q[base + Q3_SC + (i & 7)]) >> (4 * (i >> 3))) & 15
     sc = low | (((int32(q[base + Q3_SC + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3) << 4)
-    return _f16(q, base + Q3_D) * float32(sc - 32) * float32(code - 4)
+    return f16_at(q16, base + Q3_D) * float32(sc - 32) * float32(code - 4)
 
 
 @cuda.jit(device=True, cache=True)
-def block_value(q, base, j, fmt):
+def block_value(q, q16, base, j, fmt):
     """Value j of the block of format `fmt` whose bytes start at q[base]."""
     if fmt == F16:
-        return _f16(q, base + 2 * j)
+        return f16_at(q16, base + 2 * j)
     if fmt == BF16:
         return bf16_to_float(q[base + 2 * j], q[base + 2 * j + 1])
     if fmt == Q5_0 or fmt == Q5_1:
-        return _q5(q, base, j, fmt)
+        return _q5(q, q16, base, j, fmt)
     if fmt == Q4_K or fmt == Q5_K:
-        return _q45_k(q, base, j, fmt)
+        return _q45_k(q, q16, base, j, fmt)
     if fmt == Q6_K:
-        return _q6_k(q, base, j)
-    return _q23_k(q, base, j, fmt)
+        return _q6_k(q, q16, base, j)
+    return _q23_k(q, q16, base, j, fmt)

@@ -1,5 +1,6 @@
 """Tiled fused dequant-GEMM kernel: C = A @ B with B a packed weight decoded tile by tile."""
 
+import functools
 from dataclasses import dataclass
 
 from numba import cuda, float32
@@ -32,18 +33,14 @@ class Tile:
         return (self.tc // self.rn, self.tm // self.rm)
 
 
-_KERNELS = {}
-
-
 def gemm_kernel(tile):
-    """The compiled kernel for a Tile (built once per tile shape)."""
-    if tile not in _KERNELS:
-        _KERNELS[tile] = _build(tile.tm, tile.tc, tile.tr, tile.rm, tile.rn, tile.seg)
-    return _KERNELS[tile]
+    """The kernel builder for a Tile: build(fmt, dq) as launch.launch calls it."""
+    return functools.partial(_build, tile.tm, tile.tc, tile.tr, tile.rm, tile.rn, tile.seg)
 
 
-def _build(TM, TC, TR, RM, RN, SEG):
-    """Kernel specialised to compile-time tile sizes (closure constants)."""
+@functools.cache
+def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
+    """Kernel specialised to compile-time tile sizes and one format (closure constants)."""
     BX = TC // RN
     BY = TM // RM
     NT = BX * BY
@@ -62,8 +59,8 @@ def _build(TM, TC, TR, RM, RN, SEG):
             a_s[rr, mm] = v
 
     @cuda.jit(device=True, cache=True)
-    def load_b(b_s, r0, c0, tid, bwd, ndim, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale,
-               amoff, cb):
+    def load_b(b_s, r0, c0, tid, bwd, ndim, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
+               cb):
         # Decoded W tile in runs of SEG consecutive k (adjacent packed bytes per thread);
         # k runs along r (fwd: b_s[r, c] = W[c, r]) or along c (bwd: b_s[r, c] = W[r, c]).
         for e in range(tid, (TR * TC) // SEG, NT):
@@ -81,8 +78,8 @@ def _build(TM, TC, TR, RM, RN, SEG):
             cnt = 0
             if n < ndim:
                 cnt = max(0, min(SEG, kdim - k))
-            decode_run(b_s, rr, cc, dr, 1 - dr, cnt, n, k, kdim, fmt, bs, dq, q, absmax, amq,
-                       amcode, amscale, amoff, cb)
+            decode_run(b_s, rr, cc, dr, 1 - dr, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax,
+                       amq, amcode, amscale, amoff, cb)
             for t in range(cnt, SEG):
                 b_s[rr + t * dr, cc + t * (1 - dr)] = float32(0.0)
 
@@ -99,8 +96,7 @@ def _build(TM, TC, TR, RM, RN, SEG):
                     acc[i, j] += am[i] * bn[j]
 
     @cuda.jit(cache=True)
-    def packed_gemm(a, c, bwd, span, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale, amoff,
-                    cb):
+    def packed_gemm(a, c, bwd, span, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, cb):
         # a: (M, R) float32; c: (M, C) float32. Logical W is (N, kdim).
         # fwd (bwd=0): R = kdim, C = N, B[r, col] = W[col, r]  -> c = a @ W.T
         # bwd (bwd=1): R = N, C = kdim, B[r, col] = W[r, col]  -> c = a @ W
@@ -127,8 +123,8 @@ def _build(TM, TC, TR, RM, RN, SEG):
         rend = min(rdim, rbeg + span)
         for r0 in range(rbeg, rend, TR):
             load_a(a, a_s, m0, r0, mdim, rdim, tid)
-            load_b(b_s, r0, c0, tid, bwd, ndim, kdim, fmt, bs, dq, q, absmax, amq, amcode,
-                   amscale, amoff, cb)
+            load_b(b_s, r0, c0, tid, bwd, ndim, kdim, bs, q, q16, absmax, amq, amcode, amscale,
+                   amoff, cb)
             cuda.syncthreads()
             mac(a_s, b_s, acc, am, bn, tx, ty)
             cuda.syncthreads()

@@ -1,6 +1,10 @@
 """Launching Numba-CUDA kernels on cupy arrays (or host arrays in the simulator), and the
 argument list every packed-weight kernel takes.
 
+Every packed-weight kernel is built once per format (`build(fmt, dq)`, cached by its module):
+the format id and double quantization are constants of the compiled code, so it carries one
+format's decoder, not all of them (what that saves in registers and code: bench/cuda_static.py).
+
 At small M a launch's host cost exceeds its kernel's time on a GPU (0.4-0.8 ms per call on an
 H200, against 0.04-0.2 ms for cuBLAS): wrapping each cupy array for Numba makes a device array,
 a memory pointer and a stream object. So a weight's kernel arguments are made once and kept
@@ -27,11 +31,12 @@ def is_cupy(a):
     return type(a).__module__.split(".")[0] == "cupy"
 
 
-def launch(kernel, grid, block, args, w, result=1):
-    """kernel[grid, block](*args, *weight_args(w)); args[result] is the output array (cupy or
-    numpy)."""
+def launch(build, grid, block, args, w, result=1):
+    """build(fmt, dq)[grid, block](*args, *weight_args(w)) with w's format id and double
+    quantization; args[result] is the output array (cupy or numpy)."""
     out = args[result]
-    wargs = weight_args(w, array_module(out))
+    kept = _kept(w, array_module(out))
+    kernel, wargs = build(*kept.spec), kept.args
     if is_cupy(out):
         head = [_device_view(v) if is_cupy(v) else v for v in args]
         kernel[grid, block, _stream()](*head, *wargs)
@@ -45,10 +50,12 @@ def launch(kernel, grid, block, args, w, result=1):
 
 
 class _WeightArgs:
-    """A weight's kernel arguments on one backend, and what they were made from."""
+    """A weight's kernel arguments on one backend, what they were made from, and the (format
+    id, double quantization) its kernels are built for."""
 
-    def __init__(self, key, args):
+    def __init__(self, key, spec, args):
         self.key = key
+        self.spec = spec
         self.args = args
 
 
@@ -56,36 +63,42 @@ _WEIGHT_ARGS = weakref.WeakKeyDictionary()   # PackedWeight -> _WeightArgs
 
 
 def weight_args(w, xp):
-    """Kernel args after (a, c, ...): kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale,
-    amoff, codebook; on a GPU as Numba device views. Unused slots get tiny placeholder arrays.
-    Made once per weight and backend; a replaced buffer makes them again (the kept views hold
-    the buffers they were made from, so their ids cannot be reused meanwhile)."""
+    """Kernel args after (a, c, ...): kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
+    codebook; on a GPU as Numba device views. q16 is q's float16 view (block formats, whose
+    fp16 scales sit at even offsets). Unused slots get tiny placeholder arrays."""
+    return _kept(w, xp).args
+
+
+def _kept(w, xp):
+    """w's _WeightArgs on backend xp: made once per weight and backend; a replaced buffer makes
+    them again (the kept views hold the buffers they were made from, so their ids cannot be
+    reused meanwhile)."""
     key = (_where(xp), tuple((name, id(b)) for name, b in w.buffers.items()))
     kept = _WEIGHT_ARGS.get(w)
     if kept is None or kept.key != key:
-        args = _weight_args(w, xp)
+        entry = checked_format(w)  # the buffers' names, dtypes and shapes
+        dq = 1 if entry.storage == FLAT and w.double_quant else 0
+        args = _weight_args(w, entry, dq, xp)
         if xp is cupy:
             args = [_device_view(a) if is_cupy(a) else a for a in args]
-        kept = _WEIGHT_ARGS[w] = _WeightArgs(key, args)
-    return kept.args
+        kept = _WEIGHT_ARGS[w] = _WeightArgs(key, (FORMAT_IDS[entry.name], dq), args)
+    return kept
 
 
-def _weight_args(w, xp):
-    entry = checked_format(w)  # the buffers' names, dtypes and shapes
+def _weight_args(w, entry, dq, xp):
     k = int(w.shape[1])
-    fid = FORMAT_IDS[entry.name]
-    f32, u8 = _placeholders(xp)
+    f32, u8, f16 = _placeholders(xp)
     if entry.storage != FLAT:
-        q = _contiguous(w, "blocks").reshape(-1)
-        return [k, fid, entry.layout.elems, 0, q, f32, u8, f32, f32, f32, f32]
+        q = _contiguous(w, "blocks").reshape(-1)  # every block's byte count is even
+        return [k, entry.layout.elems, q, q.view(np.float16), f32, u8, f32, f32, f32, f32]
     bs = int(w.block_size)
     q = _contiguous(w, "codes").view(np.uint8)
     cb = f32 if entry.codebook is None else _codebook(entry, xp)
-    if not w.double_quant:
-        return [k, fid, bs, 0, q, _contiguous(w, "absmax"), u8, f32, f32, f32, cb]
+    if not dq:
+        return [k, bs, q, f16, _contiguous(w, "absmax"), u8, f32, f32, f32, cb]
     amq, amcode, amscale, amoff = (_contiguous(w, name) for name in (
         "absmax_q", "absmax_code", "absmax_scale", "absmax_offset"))
-    return [k, fid, bs, 1, q, f32, amq, amcode, amscale, amoff, cb]
+    return [k, bs, q, f16, f32, amq, amcode, amscale, amoff, cb]
 
 
 def _device_view(a):
@@ -127,10 +140,12 @@ _CODEBOOKS = {}
 
 
 def _placeholders(xp):
-    """One-element float32 and uint8 arrays on xp's device, for kernel slots a format ignores."""
+    """One-element float32, uint8 and float16 arrays on xp's device, for kernel slots a format
+    ignores."""
     key = _where(xp)
     if key not in _PLACEHOLDERS:
-        _PLACEHOLDERS[key] = (xp.zeros(1, dtype=np.float32), xp.zeros(1, dtype=np.uint8))
+        _PLACEHOLDERS[key] = tuple(xp.zeros(1, dtype=t) for t in (np.float32, np.uint8,
+                                                                  np.float16))
     return _PLACEHOLDERS[key]
 
 

@@ -1,5 +1,7 @@
 """CUDA packed linear ops: y = x @ W.T and dx = dy @ W with W kept packed (fused dequant-GEMM)."""
 
+import functools
+
 import numpy as np
 from numba import config
 
@@ -86,8 +88,8 @@ def _default_tile(m):
 
 
 def _launch(a, c, w, bwd, tile):
-    """Launch the packed GEMV (M <= GEMV_MAX_M, no tile asked for) or GEMM kernel for
-    c = a @ (W.T if fwd else W)."""
+    """Launch the packed GEMV (M <= GEMV_MAX_M, no tile asked for, whole runs: gemv.fits) or
+    GEMM kernel for c = a @ (W.T if fwd else W)."""
     if is_cupy(next(iter(w.buffers.values()))) != is_cupy(a):
         where = "GPU (cupy)" if is_cupy(a) else "host (numpy)"
         raise DeviceError(f"packed weight ({w.format}, shape {tuple(w.shape)}) is not on the "
@@ -98,7 +100,7 @@ def _launch(a, c, w, bwd, tile):
     if a.shape[1] == 0:
         c[...] = 0
         return
-    if tile is None and m <= GEMV_MAX_M:
+    if tile is None and m <= GEMV_MAX_M and gemv.fits(c.shape[1] if bwd else a.shape[1], bwd):
         _launch_gemv(a, c, w, bwd)
         return
     tile = tile or _default_tile(m)
@@ -112,14 +114,17 @@ def _launch(a, c, w, bwd, tile):
 
 def _launch_gemv(a, c, w, bwd):
     threads = 32 if config.ENABLE_CUDASIM else gemv.THREADS  # one warp: fast in the simulator
+    bound = gemv.row_bound(a.shape[0])
     if not bwd:  # a warp per row of W
-        launch(gemv.gemv_fwd, (_cdiv(c.shape[1], threads // 32),), threads, [a, c], w)
+        build = functools.partial(gemv.gemv_fwd, rows=bound)
+        launch(build, (_cdiv(c.shape[1], threads // 32),), threads, [a, c], w)
         return
     n = a.shape[1]
     cols = _cdiv(c.shape[1], threads * gemv.BWD_SEG)
     rows = _cdiv(n, min(n, _cdiv(TARGET_BLOCKS, cols)))       # W's rows per block
     c[...] = 0
-    launch(gemv.gemv_bwd, (cols, _cdiv(n, rows)), threads, [a, c, rows], w)
+    build = functools.partial(gemv.gemv_bwd, rows=bound)
+    launch(build, (cols, _cdiv(n, rows)), threads, [a, c, rows], w)
 
 
 def _reduction_span(rdim, blocks, tr):

@@ -1,4 +1,6 @@
 """Decode chosen rows of a packed weight on the GPU (embedding lookups), one launch per call."""
+import functools
+
 from numba import cuda
 
 from .decode import decode_run
@@ -8,18 +10,23 @@ RUN = 16  # elements one thread decodes, THREADS apart: a warp reads and writes 
 THREADS = 256
 
 
-@cuda.jit(cache=True)
-def _gather_kernel(rows, out, kdim, fmt, bs, dq, q, absmax, amq, amcode, amscale, amoff,
-                   codebook):
-    i = cuda.blockIdx.y
-    if i >= rows.shape[0]:
-        return
-    c = cuda.blockIdx.x * RUN * THREADS + cuda.threadIdx.x
-    for _ in range(RUN):
-        if c < kdim:
-            decode_run(out, i, c, 0, 1, 1, rows[i], c, kdim, fmt, bs, dq, q, absmax, amq,
-                       amcode, amscale, amoff, codebook)
-        c += THREADS
+@functools.cache
+def _gather_kernel(fmt, dq):
+    """The row gather for format id fmt (dq: double-quantized absmax)."""
+
+    @cuda.jit(cache=True)
+    def kernel(rows, out, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, codebook):
+        i = cuda.blockIdx.y
+        if i >= rows.shape[0]:
+            return
+        c = cuda.blockIdx.x * RUN * THREADS + cuda.threadIdx.x
+        for _ in range(RUN):
+            if c < kdim:
+                decode_run(out, i, c, 0, 1, 1, rows[i], c, kdim, fmt, bs, dq, q, q16, absmax,
+                           amq, amcode, amscale, amoff, codebook)
+            c += THREADS
+
+    return kernel
 
 
 def gather_rows(w, rows, out):

@@ -1,0 +1,113 @@
+"""What the CUDA kernels compile to, without a GPU: registers, stack (local memory), spills and
+shared memory per thread from ptxas, and PTX instructions, per kernel and format, as JSON.
+
+A GPU is lent to this project only now and then; between runs these are the numbers a kernel
+change can be judged by (a kernel whose registers or local memory grow runs fewer warps or
+waits on memory). Each kernel is compiled as a GPU would compile it: Numba-CUDA to PTX for the
+target (sm_90, the H200, by default), then ptxas.
+
+Needs Numba-CUDA and the CUDA toolkit's libnvvm and ptxas (CUDA_HOME), no driver or device:
+  python -m venv /tmp/cuda-static && /tmp/cuda-static/bin/pip install . numba-cuda \
+      "nvidia-cuda-nvrtc==13.*"
+  CUDA_HOME=/usr/local/cuda /tmp/cuda-static/bin/python bench/cuda_static.py [--cc 9.0]
+      [--formats nf4+dq,q4_k,q8_0,q4_0,q6_k]
+"""
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import numba.cuda.dispatcher as cuda_dispatcher
+from numba import cuda, types
+
+from packlora.kernels.cuda import gemv, rows
+from packlora.kernels.cuda.gemm import gemm_kernel
+from packlora.kernels.cuda.ops import LARGE_M_TILE, SMALL_M_TILE
+from packlora.kernels.format_ids import FORMAT_IDS
+
+FORMATS = ("nf4+dq", "q4_k", "q8_0", "q4_0", "q6_k")
+_F32_2D = types.Array(types.float32, 2, "C")
+_INT = types.int64
+# kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, codebook (launch.weight_args)
+_WEIGHT = (_INT, _INT, types.Array(types.uint8, 1, "C"), types.Array(types.float16, 1, "C"),
+           *(types.Array(t, 1, "C") for t in (types.float32, types.uint8, types.float32,
+                                              types.float32, types.float32, types.float32)))
+# kernel name -> (build(fmt, dq), the arguments before the weight's)
+KERNELS = {
+    "gemv_fwd": (gemv.gemv_fwd, (_F32_2D, _F32_2D)),
+    "gemv_bwd": (gemv.gemv_bwd, (_F32_2D, _F32_2D, _INT)),
+    "tile_small_m": (gemm_kernel(SMALL_M_TILE), (_F32_2D, _F32_2D, _INT, _INT)),
+    "tile_large_m": (gemm_kernel(LARGE_M_TILE), (_F32_2D, _F32_2D, _INT, _INT)),
+    "gather_rows": (rows._gather_kernel, (types.Array(types.int64, 1, "C"), _F32_2D)),
+}
+
+
+class _Target:
+    """What Numba-CUDA asks of "the current device" when it compiles a device function: only
+    its compute capability, here the target's (no driver is needed for that)."""
+
+    def __init__(self, cc):
+        self.compute_capability = cc
+
+
+def _ptxas(ptx, cc):
+    """ptxas -v's resource line for one kernel: registers, stack, spills, shared bytes."""
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d, "k.ptx")
+        src.write_text(ptx)
+        res = subprocess.run(["ptxas", f"-arch=sm_{cc[0]}{cc[1]}", "-O3", "-v", str(src), "-o",
+                              str(Path(d, "k.cubin"))], capture_output=True, text=True,
+                             check=True)
+    text = res.stderr
+
+    def num(pattern):
+        m = re.search(pattern, text)
+        return int(m.group(1)) if m else 0
+    return {"registers": num(r"Used (\d+) registers"), "stack_bytes": num(r"(\d+) bytes stack"),
+            "spill_stores": num(r"(\d+) bytes spill stores"),
+            "spill_loads": num(r"(\d+) bytes spill loads"), "smem_bytes": num(r"(\d+) bytes smem")}
+
+
+def kernel_stats(py_func, sig, cc):
+    """ptxas resources and PTX size of one kernel (its Python function, argument types)."""
+    t0 = time.perf_counter()
+    ptx, _ = cuda.compile_ptx(py_func, sig, cc=cc)
+    compile_s = time.perf_counter() - t0
+    body = [ln for ln in (raw.strip() for raw in ptx.splitlines())
+            if ln and ln.endswith(";") and not ln.startswith((".", "//"))]
+    local = sum(1 for ln in body if ln.startswith(("ld.local", "st.local")))
+    return {**_ptxas(ptx, cc), "ptx_instructions": len(body), "ptx_local_accesses": local,
+            "compile_s": round(compile_s, 2)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cc", default="9.0", help="compute capability to compile for")
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    args = ap.parse_args()
+    cc = tuple(int(p) for p in args.cc.split("."))
+    cuda_dispatcher.get_current_device = lambda: _Target(cc)
+    out = {"cc": args.cc, "numba_cuda": _version("numba-cuda"), "kernels": {}}
+    for fmt in args.formats.split(","):
+        name, dq = fmt.removesuffix("+dq"), int(fmt.endswith("+dq"))
+        for kname, (build, head) in KERNELS.items():
+            kernel = build(FORMAT_IDS[name], dq)
+            out["kernels"][f"{kname}/{fmt}"] = kernel_stats(kernel.py_func, head + _WEIGHT, cc)
+            print(kname, fmt, out["kernels"][f"{kname}/{fmt}"], file=sys.stderr)
+    print(json.dumps(out, indent=1))
+
+
+def _version(dist):
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    main()
