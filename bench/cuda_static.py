@@ -1,5 +1,7 @@
 """What the CUDA kernels compile to, without a GPU: registers, stack (local memory), spills and
-shared memory per thread from ptxas, and PTX instructions, per kernel and format, as JSON.
+shared memory per thread from ptxas, and PTX instructions, per kernel and format, as JSON;
+and, as a measure of decoding cost, the straight-line PTX of one run of 8 values decoded by
+`decode_run` (any run) and by `decode_group` (a run inside one scale group: the hot loops).
 
 A GPU is lent to this project only now and then; between runs these are the numbers a kernel
 change can be judged by (a kernel whose registers or local memory grow runs fewer warps or
@@ -13,6 +15,7 @@ Needs Numba-CUDA and the CUDA toolkit's libnvvm and ptxas (CUDA_HOME), no driver
       [--formats nf4+dq,q4_k,q8_0,q4_0,q6_k]
 """
 import argparse
+import functools
 import json
 import re
 import subprocess
@@ -23,14 +26,17 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numba.cuda.dispatcher as cuda_dispatcher
-from numba import cuda, types
+from numba import cuda, float32, types
 
 from packlora.kernels.cuda import gemv, rows
+from packlora.kernels.cuda.decode import decode_group, decode_run
 from packlora.kernels.cuda.gemm import gemm_kernel
 from packlora.kernels.cuda.ops import LARGE_M_TILE, SMALL_M_TILE
 from packlora.kernels.format_ids import FORMAT_IDS
 
 FORMATS = ("nf4+dq", "q4_k", "q8_0", "q4_0", "q6_k")
+RUN = gemv.FWD_SEG  # values per run in the decode probes
+_RUN_SHAPE = (1, RUN)
 _F32_2D = types.Array(types.float32, 2, "C")
 _INT = types.int64
 # kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, codebook (launch.weight_args)
@@ -41,10 +47,29 @@ _WEIGHT = (_INT, _INT, types.Array(types.uint8, 1, "C"), types.Array(types.float
 KERNELS = {
     "gemv_fwd": (gemv.gemv_fwd, (_F32_2D, _F32_2D)),
     "gemv_bwd": (gemv.gemv_bwd, (_F32_2D, _F32_2D, _INT)),
-    "tile_small_m": (gemm_kernel(SMALL_M_TILE), (_F32_2D, _F32_2D, _INT, _INT)),
-    "tile_large_m": (gemm_kernel(LARGE_M_TILE), (_F32_2D, _F32_2D, _INT, _INT)),
+    "tile_small_m": (gemm_kernel(SMALL_M_TILE), (_F32_2D, _F32_2D, _INT, _INT, _INT)),
+    "tile_large_m": (gemm_kernel(LARGE_M_TILE), (_F32_2D, _F32_2D, _INT, _INT, _INT)),
     "gather_rows": (rows._gather_kernel, (types.Array(types.int64, 1, "C"), _F32_2D)),
 }
+
+
+@functools.cache
+def _probe(decode, fmt, dq):
+    """A kernel that decodes one run of RUN values of W into registers and stores them: its
+    PTX is straight-line code, about what one run costs inside the hot loops."""
+    @cuda.jit
+    def probe(out, n, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, cb):
+        w = cuda.local.array(_RUN_SHAPE, float32)
+        k = cuda.threadIdx.x * RUN
+        decode(w, 0, 0, 0, 1, RUN, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq, amcode,
+               amscale, amoff, cb)
+        for t in range(RUN):
+            out[0, k + t] = w[0, t]
+    return probe
+
+
+KERNELS["decode_run"] = (functools.partial(_probe, decode_run), (_F32_2D, _INT))
+KERNELS["decode_group"] = (functools.partial(_probe, decode_group), (_F32_2D, _INT))
 
 
 class _Target:

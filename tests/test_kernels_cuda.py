@@ -122,6 +122,11 @@ def _sim_gather(quantize, rng):
         rows = np.array([7, 0, 7, 3], dtype=np.int64)
         out = gather_rows(w, rows, np.empty((4, 96), np.float32))
         errs[fmt + ("_dq" if dq else "")] = _rel_err(out, w.dequantize()[rows])
+    for fmt in KQUANTS:  # against gguf-checked numpy decoders (quant/kquants.py)
+        w = random_packed(fmt, 9, 512, rng)
+        rows = np.array([8, 0, 8, 5], dtype=np.int64)
+        out = gather_rows(w, rows, np.empty((4, 512), np.float32))
+        errs[fmt] = _rel_err(out, w.dequantize()[rows])
     return errs
 
 
@@ -205,7 +210,7 @@ def test_simulator_fp16_scale_decoding(sim):
 
 
 def test_simulator_gather_rows(sim):
-    assert len(sim["gather"]) == len(VARIANTS)
+    assert len(sim["gather"]) == len(VARIANTS) + len(KQUANTS)
     for name, err in sim["gather"].items():
         assert err == 0.0, (name, err)
 

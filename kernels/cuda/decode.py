@@ -1,23 +1,27 @@
-"""CUDA device functions that decode runs of a packed weight's elements (every format)."""
+"""CUDA device functions that decode runs of a packed weight's elements (every format).
+
+`decode_run` takes any run; `decode_group` a run inside one scale group (the hot loops: runs of
+`cnt` values at multiples of cnt where `grouped` holds), which reads its block's scales once
+instead of once per value. Kernels pass fmt
+and dq as constants of their own (launch.py builds one per format), so the compiled decode
+keeps only that format's branch."""
 
 from numba import cuda, float32, int32
 
-from ...quant import REGISTRY
 from ..format_ids import FP4, INT8, NF4, Q4_0, Q4_1, Q8_0
 from .bits import signed_byte
-from .decode_k import BLOCK_BYTES, BLOCK_ELEMS, block_value, f16_at
+from .decode_k import BLOCK_BYTES, BLOCK_ELEMS, SCALE_GROUP, block_affine, block_code
 
-__all__ = ["FP4", "INT8", "NF4", "Q4_0", "Q4_1", "Q8_0", "decode_run"]
+__all__ = ["FP4", "INT8", "NF4", "Q4_0", "Q4_1", "Q8_0", "decode_group", "decode_run",
+           "grouped"]
+_FLAT_MAX = max(NF4, FP4, INT8)  # format ids up to it are the flat ones (codes + absmax)
+assert _FLAT_MAX < min(Q4_0, Q4_1, Q8_0)
 
-# The ggml layouts the decoders read, as constants of the compiled kernels.
-_Q4_0, _Q4_1, _Q8_0 = (REGISTRY[n].layout for n in ("q4_0", "q4_1", "q8_0"))
-Q4_0_CODES = _Q4_0.codes_at
-Q4_1_CODES, Q4_1_MIN = _Q4_1.codes_at, _Q4_1.min_at
-Q8_0_CODES = _Q8_0.codes_at
-GGML_ELEMS = _Q4_0.elems
-GGML_SHIFT = GGML_ELEMS.bit_length() - 1
-assert GGML_ELEMS == 32 and _Q4_1.elems == _Q8_0.elems == GGML_ELEMS
-assert _Q4_0.scale_at == _Q4_1.scale_at == _Q8_0.scale_at == 0
+
+def grouped(cnt, bs, kdim):
+    """Whether runs of cnt values at multiples of cnt along rows of kdim values lie inside one
+    scale group of a format whose blocks hold bs values (PackedWeight.block_size)."""
+    return SCALE_GROUP % cnt == 0 and bs % cnt == 0 and kdim % cnt == 0
 
 
 @cuda.jit(device=True, cache=True)
@@ -31,80 +35,58 @@ def block_scale(b, fmt, dq, absmax, amq, amcode, amscale, amoff):
 
 
 @cuda.jit(device=True, cache=True)
-def decode_run_flat(dst, r, c, dr, dc, cnt, i, fmt, bs, dq, q, absmax, amq, amcode, amscale,
-                    amoff, codebook):
-    """nf4 / fp4 / int8: dst[r + t*dr, c + t*dc] = value(flat element i + t), t < cnt."""
-    b = i // bs
-    nxt = (b + 1) * bs
-    scale = block_scale(b, fmt, dq, absmax, amq, amcode, amscale, amoff)
-    for t in range(cnt):
-        ii = i + t
-        if ii == nxt:
-            b += 1
-            nxt += bs
-            scale = block_scale(b, fmt, dq, absmax, amq, amcode, amscale, amoff)
-        if fmt == INT8:
-            v = float32(signed_byte(q[ii])) * scale
-        else:
-            byte = int32(q[ii >> 1])
-            code = (byte >> 4) if (ii & 1) == 0 else (byte & 15)
-            v = codebook[code] * scale
-        dst[r + t * dr, c + t * dc] = v
-
-
-@cuda.jit(device=True, cache=True)
-def decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q, q16):
-    """q5_0 / q5_1 / K-quants / f16 / bf16: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
-    elems = BLOCK_ELEMS[fmt]
-    bpb = BLOCK_BYTES[fmt]
-    row = n * (kdim // elems) * bpb
-    for t in range(cnt):
-        kk = k + t
-        dst[r + t * dr, c + t * dc] = block_value(q, q16, row + (kk // elems) * bpb, kk % elems,
-                                                       fmt)
-
-
-@cuda.jit(device=True, cache=True)
-def decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q, q16):
-    """q4_0 / q4_1 / q8_0: dst[r + t*dr, c + t*dc] = W[n, k + t], t < cnt."""
-    bpb = BLOCK_BYTES[fmt]
-    row = n * (kdim >> GGML_SHIFT) * bpb
-    d = float32(0.0)
-    m = float32(0.0)
-    base = 0
-    for t in range(cnt):
-        kk = k + t
-        j = kk & (GGML_ELEMS - 1)
-        if t == 0 or j == 0:
-            base = row + (kk >> GGML_SHIFT) * bpb
-            d = f16_at(q16, base)
-            if fmt == Q4_1:
-                m = f16_at(q16, base + Q4_1_MIN)
-        if fmt == Q8_0:
-            v = float32(signed_byte(q[base + Q8_0_CODES + j])) * d
-        else:
-            qs = base + (Q4_0_CODES if fmt == Q4_0 else Q4_1_CODES)
-            if j < 16:
-                v = float32(int32(q[qs + j]) & 15)
-            else:
-                v = float32(int32(q[qs + j - 16]) >> 4)
-            v = (v - float32(8.0)) * d if fmt == Q4_0 else v * d + m
-        dst[r + t * dr, c + t * dc] = v
+def _flat_value(q, i, fmt, scale, codebook):
+    """Flat element i (nf4 / fp4 / int8) of a block with this scale."""
+    if fmt == INT8:
+        return float32(signed_byte(q[i])) * scale
+    byte = int32(q[i >> 1])
+    return codebook[(byte >> 4) if (i & 1) == 0 else (byte & 15)] * scale
 
 
 @cuda.jit(device=True, cache=True)
 def decode_run(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq, amcode,
                amscale, amoff, codebook):
     """dst[r + t*dr, c + t*dc] = W[n, k + t] for t < cnt, any format (W is (N, kdim)). q16 is
-    q's float16 view (block formats: their fp16 scales sit at even offsets). Kernels pass fmt
-    and dq as constants of their own (launch.py builds one per format), so the compiled decode
-    keeps only that format's branch."""
-    if cnt <= 0:
+    q's float16 view (block formats: their fp16 scales sit at even offsets)."""
+    if cnt <= 0:  # nothing to read (a tile's edge): not even the first block's scale
         return
-    if fmt > Q8_0:
-        decode_run_blocks(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q, q16)
-    elif fmt >= Q4_0:
-        decode_run_gguf(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, q, q16)
-    else:
-        decode_run_flat(dst, r, c, dr, dc, cnt, n * kdim + k, fmt, bs, dq, q, absmax, amq,
-                        amcode, amscale, amoff, codebook)
+    if fmt <= _FLAT_MAX:
+        i = n * kdim + k
+        b = i // bs
+        nxt = (b + 1) * bs
+        scale = block_scale(b, fmt, dq, absmax, amq, amcode, amscale, amoff)
+        for t in range(cnt):
+            if i + t == nxt:
+                b += 1
+                nxt += bs
+                scale = block_scale(b, fmt, dq, absmax, amq, amcode, amscale, amoff)
+            dst[r + t * dr, c + t * dc] = _flat_value(q, i + t, fmt, scale, codebook)
+        return
+    elems = BLOCK_ELEMS[fmt]
+    bpb = BLOCK_BYTES[fmt]
+    row = n * (kdim // elems) * bpb
+    for t in range(cnt):
+        base = row + ((k + t) // elems) * bpb
+        j = (k + t) % elems
+        s, o = block_affine(q, q16, base, j, fmt)
+        dst[r + t * dr, c + t * dc] = block_code(q, q16, base, j, fmt) * s + o
+
+
+@cuda.jit(device=True, cache=True)
+def decode_group(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq, amcode,
+                 amscale, amoff, codebook):
+    """decode_run for a run inside one scale group (`grouped(cnt, bs)`, k a multiple of cnt):
+    the block's scales are read once."""
+    if fmt <= _FLAT_MAX:
+        i = n * kdim + k
+        scale = block_scale(i // bs, fmt, dq, absmax, amq, amcode, amscale, amoff)
+        for t in range(cnt):
+            dst[r + t * dr, c + t * dc] = _flat_value(q, i + t, fmt, scale, codebook)
+        return
+    elems = BLOCK_ELEMS[fmt]
+    bpb = BLOCK_BYTES[fmt]
+    base = (n * (kdim // elems) + k // elems) * bpb
+    j = k % elems
+    s, o = block_affine(q, q16, base, j, fmt)
+    for t in range(cnt):
+        dst[r + t * dr, c + t * dc] = block_code(q, q16, base, j + t, fmt) * s + o

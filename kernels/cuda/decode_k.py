@@ -1,7 +1,9 @@
-"""CUDA device functions for the 5-bit ggml blocks (Q5_0/Q5_1), the K-quant super-blocks
-(Q2_K..Q6_K) and 16-bit float rows (F16/BF16): one value of a block from its bytes. The value
-orders are quant/kquants.py's; every offset is the registry layout's, baked into the kernels
-as constants."""
+"""CUDA device functions for the block formats: the ggml blocks of 32 (Q4_0, Q4_1, Q8_0, Q5_0,
+Q5_1), the K-quant super-blocks (Q2_K..Q6_K) and 16-bit float rows (F16/BF16). Value j of a
+block is `block_code(j) * s + o` with (s, o) = `block_affine(j)`, the same for every value of
+a scale group (SCALE_GROUP values at a multiple of it): a run within one group reads its
+scales once. The value orders are quant/kquants.py's; every offset is the registry layout's,
+baked into the kernels as constants."""
 import numpy as np
 from numba import cuda, float32, int32
 
@@ -10,11 +12,14 @@ from ...quant.registry import FLAT
 from ..format_ids import FORMAT_IDS
 from .bits import bf16_to_float, signed_byte
 
-Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16 = (
-    FORMAT_IDS[n] for n in ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "f16",
-                            "bf16"))
-_L5_0, _L5_1, _L2, _L3, _L4, _L5, _L6 = (
-    REGISTRY[n].layout for n in ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
+Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16 = (
+    FORMAT_IDS[n] for n in ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k",
+                            "q5_k", "q6_k", "f16", "bf16"))
+_L4_0, _L4_1, _L8_0, _L5_0, _L5_1, _L2, _L3, _L4, _L5, _L6 = (
+    REGISTRY[n].layout for n in ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k",
+                                 "q5_k", "q6_k"))
+Q4_0_CODES, Q4_1_CODES, Q4_1_MIN, Q8_0_CODES = (_L4_0.codes_at, _L4_1.codes_at, _L4_1.min_at,
+                                                _L8_0.codes_at)
 Q5_0_CODES, Q5_0_HIGH = _L5_0.codes_at, _L5_0.high_bits_at
 Q5_1_CODES, Q5_1_HIGH, Q5_1_MIN = _L5_1.codes_at, _L5_1.high_bits_at, _L5_1.min_at
 Q2_CODES, Q2_SC, Q2_D, Q2_M = _L2.codes_at, _L2.sub_scales_at, _L2.scale_at, _L2.min_at
@@ -24,6 +29,10 @@ Q5_CODES, Q5_HIGH, Q5_SC, Q5_D, Q5_M = (_L5.codes_at, _L5.high_bits_at, _L5.sub_
                                         _L5.scale_at, _L5.min_at)
 Q6_CODES, Q6_HIGH, Q6_SC, Q6_D = _L6.codes_at, _L6.high_bits_at, _L6.sub_scales_at, _L6.scale_at
 assert (Q4_SC, Q4_D, Q4_M) == (Q5_SC, Q5_D, Q5_M)  # _q45_k reads both at the same bytes
+# the ggml blocks of 32: one fp16 d at byte 0 (the affines below read it there), and ids up
+# to Q5_1's (`fmt <= Q5_1` below picks them among the block formats)
+assert max(Q4_0, Q4_1, Q8_0, Q5_0) < Q5_1 < min(Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16)
+assert all(lay.elems == 32 and lay.scale_at == 0 for lay in (_L4_0, _L4_1, _L8_0, _L5_0, _L5_1))
 
 
 def _block_table(field):
@@ -38,6 +47,11 @@ def _block_table(field):
 
 
 BLOCK_ELEMS, BLOCK_BYTES = _block_table("elems"), _block_table("nbytes")
+# Values that share one (s, o): every block format's scale group (K-quant sub-block, ggml
+# block; 16-bit rows have no scale) is a multiple of this.
+SCALE_GROUP = 16
+assert all(e.storage == FLAT or (e.layout.sub_elems or e.layout.elems) % SCALE_GROUP == 0
+           for e in REGISTRY.values())
 
 
 @cuda.jit(device=True, cache=True)
@@ -48,14 +62,26 @@ def f16_at(q16, at):
 
 
 @cuda.jit(device=True, cache=True)
-def _q5(q, q16, base, j, fmt):
-    codes = base + (Q5_0_CODES if fmt == Q5_0 else Q5_1_CODES)
+def _nibble(q, at, j):
+    """4-bit code j of 32 packed in 16 bytes at `at` (ggml: low nibbles first, then high)."""
+    if j < 16:
+        return int32(q[at + j]) & 15
+    return int32(q[at + j - 16]) >> 4
+
+
+@cuda.jit(device=True, cache=True)
+def _ggml_code(q, base, j, fmt):
+    """Code j of a ggml block of 32, its offset taken off (Q4_0's 8, Q5_0's 16)."""
+    if fmt == Q8_0:
+        return float32(signed_byte(q[base + Q8_0_CODES + j]))
+    if fmt == Q4_0:
+        return float32(_nibble(q, base + Q4_0_CODES, j) - 8)
+    if fmt == Q4_1:
+        return float32(_nibble(q, base + Q4_1_CODES, j))
+    low = _nibble(q, base + (Q5_0_CODES if fmt == Q5_0 else Q5_1_CODES), j)
     hi = base + (Q5_0_HIGH if fmt == Q5_0 else Q5_1_HIGH)
-    low = (int32(q[codes + j]) & 15) if j < 16 else (int32(q[codes + j - 16]) >> 4)
     code = low | (((int32(q[hi + (j >> 3)]) >> (j & 7)) & 1) << 4)
-    if fmt == Q5_0:
-        return float32(code - 16) * f16_at(q16, base)
-    return float32(code) * f16_at(q16, base) + f16_at(q16, base + Q5_1_MIN)
+    return float32(code - 16) if fmt == Q5_0 else float32(code)
 
 
 @cuda.jit(device=True, cache=True)
@@ -69,55 +95,79 @@ def _scale_min_k4(q, at, s):
 
 
 @cuda.jit(device=True, cache=True)
-def _q45_k(q, q16, base, j, fmt):
-    """Q4_K / Q5_K value j: nibble (j // 32) % 2 of byte 32 (j // 64) + j % 32."""
+def _q45_k_code(q, base, j, fmt):
+    """Q4_K / Q5_K code j: nibble (j // 32) % 2 of byte 32 (j // 64) + j % 32."""
     codes = base + (Q4_CODES if fmt == Q4_K else Q5_CODES)
-    s = j >> 5
-    code = (int32(q[codes + 32 * (j >> 6) + (j & 31)]) >> (4 * (s & 1))) & 15
+    code = (int32(q[codes + 32 * (j >> 6) + (j & 31)]) >> (4 * ((j >> 5) & 1))) & 15
     if fmt == Q5_K:
-        code |= ((int32(q[base + Q5_HIGH + (j & 31)]) >> s) & 1) << 4
-    sc, mn = _scale_min_k4(q, base + Q4_SC, s)  # Q4_SC == Q5_SC, d and dmin at the same bytes
-    return (f16_at(q16, base + Q4_D) * float32(sc) * float32(code)
-            - f16_at(q16, base + Q4_M) * float32(mn))
+        code |= ((int32(q[base + Q5_HIGH + (j & 31)]) >> (j >> 5)) & 1) << 4
+    return float32(code)
 
 
 @cuda.jit(device=True, cache=True)
-def _q6_k(q, q16, base, j):
+def _q6_k_code(q, base, j):
     h, r = j >> 7, j & 127
     jj, lane = r >> 5, r & 31
     low = (int32(q[base + Q6_CODES + 64 * h + 32 * (jj & 1) + lane]) >> (4 * (jj >> 1))) & 15
     high = (int32(q[base + Q6_HIGH + 32 * h + lane]) >> (2 * jj)) & 3
-    sc = signed_byte(q[base + Q6_SC + (j >> 4)])
-    return f16_at(q16, base + Q6_D) * float32(sc) * float32((low | (high << 4)) - 32)
+    return float32((low | (high << 4)) - 32)
 
 
 @cuda.jit(device=True, cache=True)
-def _q23_k(q, q16, base, j, fmt):
+def _q23_k_code(q, base, j, fmt):
     h, jj, lane = j >> 7, (j & 127) >> 5, j & 31
-    codes = base + (Q2_CODES if fmt == Q2_K else Q3_CODES)
-    code = (int32(q[codes + 32 * h + lane]) >> (2 * jj)) & 3
-    i = j >> 4
+    code = (int32(q[base + (Q2_CODES if fmt == Q2_K else Q3_CODES) + 32 * h + lane])
+            >> (2 * jj)) & 3
     if fmt == Q2_K:
-        s = int32(q[base + Q2_SC + i])
-        return (f16_at(q16, base + Q2_D) * float32(s & 15) * float32(code)
-                - f16_at(q16, base + Q2_M) * float32(s >> 4))
-    code = code | (((int32(q[base + Q3_HIGH + lane]) >> (j >> 5)) & 1) << 2)
+        return float32(code)
+    return float32((code | (((int32(q[base + Q3_HIGH + lane]) >> (j >> 5)) & 1) << 2)) - 4)
+
+
+@cuda.jit(device=True, cache=True)
+def block_code(q, q16, base, j, fmt):
+    """Code j of the block of format `fmt` whose bytes start at q[base], offset taken off (a
+    16-bit row's value itself)."""
+    if fmt == F16:
+        return f16_at(q16, base + 2 * j)
+    if fmt == BF16:
+        return bf16_to_float(q[base + 2 * j], q[base + 2 * j + 1])
+    if fmt <= Q5_1:
+        return _ggml_code(q, base, j, fmt)
+    if fmt == Q4_K or fmt == Q5_K:
+        return _q45_k_code(q, base, j, fmt)
+    if fmt == Q6_K:
+        return _q6_k_code(q, base, j)
+    return _q23_k_code(q, base, j, fmt)
+
+
+@cuda.jit(device=True, cache=True)
+def block_affine(q, q16, base, j, fmt):
+    """(s, o) of value j's scale group: value = code * s + o (formulas as the references')."""
+    zero = float32(0.0)
+    if fmt == F16 or fmt == BF16:
+        return float32(1.0), zero
+    if fmt <= Q5_1:
+        if fmt == Q4_1 or fmt == Q5_1:
+            return f16_at(q16, base), f16_at(q16, base + (Q4_1_MIN if fmt == Q4_1 else Q5_1_MIN))
+        return f16_at(q16, base), zero
+    if fmt == Q4_K or fmt == Q5_K:
+        sc, mn = _scale_min_k4(q, base + Q4_SC, j >> 5)  # Q4_SC == Q5_SC, d, dmin as well
+        return (f16_at(q16, base + Q4_D) * float32(sc),
+                -(f16_at(q16, base + Q4_M) * float32(mn)))
+    i = j >> 4
+    if fmt == Q6_K:
+        return f16_at(q16, base + Q6_D) * float32(signed_byte(q[base + Q6_SC + i])), zero
+    if fmt == Q2_K:
+        sb = int32(q[base + Q2_SC + i])
+        return (f16_at(q16, base + Q2_D) * float32(sb & 15),
+                -(f16_at(q16, base + Q2_M) * float32(sb >> 4)))
     low = (int32(q[base + Q3_SC + (i & 7)]) >> (4 * (i >> 3))) & 15
     sc = low | (((int32(q[base + Q3_SC + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3) << 4)
-    return f16_at(q16, base + Q3_D) * float32(sc - 32) * float32(code - 4)
+    return f16_at(q16, base + Q3_D) * float32(sc - 32), zero
 
 
 @cuda.jit(device=True, cache=True)
 def block_value(q, q16, base, j, fmt):
     """Value j of the block of format `fmt` whose bytes start at q[base]."""
-    if fmt == F16:
-        return f16_at(q16, base + 2 * j)
-    if fmt == BF16:
-        return bf16_to_float(q[base + 2 * j], q[base + 2 * j + 1])
-    if fmt == Q5_0 or fmt == Q5_1:
-        return _q5(q, q16, base, j, fmt)
-    if fmt == Q4_K or fmt == Q5_K:
-        return _q45_k(q, q16, base, j, fmt)
-    if fmt == Q6_K:
-        return _q6_k(q, q16, base, j)
-    return _q23_k(q, q16, base, j, fmt)
+    s, o = block_affine(q, q16, base, j, fmt)
+    return block_code(q, q16, base, j, fmt) * s + o

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from numba import cuda, float32
 
-from .decode import decode_run
+from .decode import decode_group, decode_run
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
             a_s[rr, mm] = v
 
     @cuda.jit(device=True, cache=True)
-    def load_b(b_s, r0, c0, tid, bwd, ndim, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
-               cb):
+    def load_b(b_s, r0, c0, tid, bwd, grp, ndim, kdim, bs, q, q16, absmax, amq, amcode, amscale,
+               amoff, cb):
         # Decoded W tile in runs of SEG consecutive k (adjacent packed bytes per thread);
         # k runs along r (fwd: b_s[r, c] = W[c, r]) or along c (bwd: b_s[r, c] = W[r, c]).
         for e in range(tid, (TR * TC) // SEG, NT):
@@ -78,8 +78,12 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
             cnt = 0
             if n < ndim:
                 cnt = max(0, min(SEG, kdim - k))
-            decode_run(b_s, rr, cc, dr, 1 - dr, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax,
-                       amq, amcode, amscale, amoff, cb)
+            if grp and cnt == SEG:  # a whole run inside one scale group
+                decode_group(b_s, rr, cc, dr, 1 - dr, SEG, n, k, kdim, fmt, bs, dq, q, q16,
+                             absmax, amq, amcode, amscale, amoff, cb)
+            else:
+                decode_run(b_s, rr, cc, dr, 1 - dr, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax,
+                           amq, amcode, amscale, amoff, cb)
             for t in range(cnt, SEG):
                 b_s[rr + t * dr, cc + t * (1 - dr)] = float32(0.0)
 
@@ -96,10 +100,12 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
                     acc[i, j] += am[i] * bn[j]
 
     @cuda.jit(cache=True)
-    def packed_gemm(a, c, bwd, span, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, cb):
+    def packed_gemm(a, c, bwd, span, grp, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
+                    cb):
         # a: (M, R) float32; c: (M, C) float32. Logical W is (N, kdim).
         # fwd (bwd=0): R = kdim, C = N, B[r, col] = W[col, r]  -> c = a @ W.T
         # bwd (bwd=1): R = N, C = kdim, B[r, col] = W[r, col]  -> c = a @ W
+        # grp: runs of SEG at multiples of SEG lie inside one scale group (decode.grouped).
         # Block z covers reductions [z*span, (z+1)*span), span a multiple of TR (so only the
         # last tile of all can pass rdim); with more than one, c (zeroed by the caller) receives
         # each part by atomic adds.
@@ -123,8 +129,8 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
         rend = min(rdim, rbeg + span)
         for r0 in range(rbeg, rend, TR):
             load_a(a, a_s, m0, r0, mdim, rdim, tid)
-            load_b(b_s, r0, c0, tid, bwd, ndim, kdim, bs, q, q16, absmax, amq, amcode, amscale,
-                   amoff, cb)
+            load_b(b_s, r0, c0, tid, bwd, grp, ndim, kdim, bs, q, q16, absmax, amq, amcode,
+                   amscale, amoff, cb)
             cuda.syncthreads()
             mac(a_s, b_s, acc, am, bn, tx, ty)
             cuda.syncthreads()

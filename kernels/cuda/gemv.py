@@ -6,16 +6,16 @@ and decoded in registers; nothing dense is written.
                           all rows of x)
   backward  dx = dy @ W   a thread per run of BWD_SEG columns k, a block per chunk of W's rows;
                           the chunks' partial sums meet in dx (zeroed) by atomic adds
-K (forward) or dx's width (backward) must be a multiple of the run (`fits`): every run is whole,
-so its values and the per-row sums stay in registers (constant trip counts, unrolled); other
-shapes take the tile kernel. Kernels are built per format (`gemv_fwd(fmt, dq)`, launch.py) and
-row bound (`row_bound`).
+Every run must be whole and inside one scale group (`fits`: K a multiple of the run, and the
+flat formats' block size): each reads its scales once, and its values and the per-row sums stay
+in registers (constant trip counts, unrolled); other weights take the tile kernel. Kernels are
+built per format (`gemv_fwd(fmt, dq)`, launch.py) and row bound (`row_bound`).
 Block sizes are read at run time (cuda.blockDim), so the simulator can launch one warp."""
 import functools
 
 from numba import cuda, float32
 
-from .decode import decode_run
+from .decode import decode_group, grouped
 
 MAX_M = 16        # rows of x (or dy) a launch takes at most: the per-thread accumulators
 SMALL_M = 4       # ... and the bound of the kernels built for the fewest rows (fewer registers)
@@ -26,10 +26,10 @@ BWD_SEG = 4
 _FWD_RUN, _BWD_RUN = (1, FWD_SEG), (1, BWD_SEG)  # local array shapes: compile-time constants
 
 
-def fits(width, bwd):
-    """Whether the GEMV takes a product whose run axis (K forward, dx's width backward) is
-    `width` wide."""
-    return width % (BWD_SEG if bwd else FWD_SEG) == 0
+def fits(w, bwd):
+    """Whether the GEMV takes products with packed weight w: its runs whole and each inside
+    one scale group."""
+    return grouped(BWD_SEG if bwd else FWD_SEG, int(w.block_size), int(w.shape[1]))
 
 
 def row_bound(m):
@@ -58,8 +58,8 @@ def gemv_fwd(fmt, dq, rows=SMALL_M):
             acc[m] = float32(0.0)
         if live:
             for k in range(lane * FWD_SEG, kdim, 32 * FWD_SEG):
-                decode_run(w, 0, 0, 0, 1, FWD_SEG, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq,
-                           amcode, amscale, amoff, cb)
+                decode_group(w, 0, 0, 0, 1, FWD_SEG, n, k, kdim, fmt, bs, dq, q, q16, absmax,
+                             amq, amcode, amscale, amoff, cb)
                 for m in range(rows):
                     if m < mdim:
                         s = float32(0.0)
@@ -98,8 +98,8 @@ def gemv_bwd(fmt, dq, rows=SMALL_M):
         for i in range(accs):
             acc[i] = float32(0.0)
         for n in range(n0, n1):
-            decode_run(w, 0, 0, 0, 1, BWD_SEG, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq,
-                       amcode, amscale, amoff, cb)
+            decode_group(w, 0, 0, 0, 1, BWD_SEG, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq,
+                         amcode, amscale, amoff, cb)
             for m in range(rows):
                 if m < mdim:
                     g = dy[m, n]

@@ -9,6 +9,7 @@ from ...errors import DeviceError
 from ...quant.packed import array_module
 from ..format_ids import checked_format
 from . import gemv, tiled
+from .decode import grouped
 from .gemm import Tile, gemm_kernel
 from .launch import is_cupy, launch
 
@@ -100,7 +101,7 @@ def _launch(a, c, w, bwd, tile):
     if a.shape[1] == 0:
         c[...] = 0
         return
-    if tile is None and m <= GEMV_MAX_M and gemv.fits(c.shape[1] if bwd else a.shape[1], bwd):
+    if tile is None and m <= GEMV_MAX_M and gemv.fits(w, bwd):
         _launch_gemv(a, c, w, bwd)
         return
     tile = tile or _default_tile(m)
@@ -109,7 +110,8 @@ def _launch(a, c, w, bwd, tile):
     grid = (*grid, _cdiv(a.shape[1], span))
     if grid[2] > 1:  # blocks along the reduction add their parts into c
         c[...] = 0
-    launch(gemm_kernel(tile), grid, tile.block, [a, c, bwd, span], w)
+    grp = int(grouped(tile.seg, int(w.block_size), int(w.shape[1])))
+    launch(gemm_kernel(tile), grid, tile.block, [a, c, bwd, span, grp], w)
 
 
 def _launch_gemv(a, c, w, bwd):
