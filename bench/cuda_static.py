@@ -12,7 +12,7 @@ Needs Numba-CUDA and the CUDA toolkit's libnvvm and ptxas (CUDA_HOME), no driver
   python -m venv /tmp/cuda-static && /tmp/cuda-static/bin/pip install . numba-cuda \
       "nvidia-cuda-nvrtc==13.*"
   CUDA_HOME=/usr/local/cuda /tmp/cuda-static/bin/python bench/cuda_static.py [--cc 9.0]
-      [--formats nf4+dq,q4_k,q8_0,q4_0,q6_k]
+      [--formats nf4+dq,q4_k,q8_0,q4_0,q6_k | all] [--kernels gemv_fwd,...]
 """
 import argparse
 import functools
@@ -33,6 +33,7 @@ from packlora.kernels.cuda.decode import decode_group, decode_run
 from packlora.kernels.cuda.gemm import gemm_kernel
 from packlora.kernels.cuda.ops import LARGE_M_TILE, SMALL_M_TILE
 from packlora.kernels.format_ids import FORMAT_IDS
+from packlora.quant import REGISTRY
 
 FORMATS = ("nf4+dq", "q4_k", "q8_0", "q4_0", "q6_k")
 RUN = gemv.FWD_SEG  # values per run in the decode probes
@@ -113,14 +114,21 @@ def kernel_stats(py_func, sig, cc):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cc", default="9.0", help="compute capability to compile for")
-    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--formats", default=",".join(FORMATS),
+                    help="formats, nf4+dq for double-quantized; all: every format")
+    ap.add_argument("--kernels", default=",".join(KERNELS))
     args = ap.parse_args()
+    formats = args.formats.split(",")
+    if formats == ["all"]:
+        formats = [f for name in FORMAT_IDS for f in
+                   ((name, name + "+dq") if REGISTRY[name].double_quant else (name,))]
     cc = tuple(int(p) for p in args.cc.split("."))
     cuda_dispatcher.get_current_device = lambda: _Target(cc)
     out = {"cc": args.cc, "numba_cuda": _version("numba-cuda"), "kernels": {}}
-    for fmt in args.formats.split(","):
+    for fmt in formats:
         name, dq = fmt.removesuffix("+dq"), int(fmt.endswith("+dq"))
-        for kname, (build, head) in KERNELS.items():
+        for kname in args.kernels.split(","):
+            build, head = KERNELS[kname]
             kernel = build(FORMAT_IDS[name], dq)
             out["kernels"][f"{kname}/{fmt}"] = kernel_stats(kernel.py_func, head + _WEIGHT, cc)
             print(kname, fmt, out["kernels"][f"{kname}/{fmt}"], file=sys.stderr)

@@ -33,5 +33,17 @@ if ! ls "$WHEELS/$LLAMA"-*.whl >/dev/null 2>&1; then
     "$CACHE/sdist/$LLAMA.tar.gz"
 fi
 "$VENV/bin/pip" install -q --no-deps "$WHEELS/$LLAMA"-*.whl diskcache  # llama_cpp imports it
+# The CUDA kernels compiled as a GPU compiles them (tests/test_cuda_static.py), where a CUDA
+# toolkit's ptxas and libnvvm are installed: Numba-CUDA and NVRTC in an environment of their own
+# (the main one keeps Numba's own simulator for the kernel tests)
+TOOLKIT="${CUDA_HOME:-/usr/local/cuda}"
+if command -v ptxas >/dev/null && [ -n "$(ls "$TOOLKIT"/lib*/libnvvm.so* \
+    "$TOOLKIT"/nvvm/lib*/libnvvm.so* 2>/dev/null)" ]; then
+  CUDA_MAJOR=$(ptxas --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+  CVENV="$CACHE/cuda-compile-venv"
+  python3 -m venv --clear "$CVENV"
+  "$CVENV/bin/pip" install -q . "numba-cuda>=0.20" "nvidia-cuda-nvrtc==$CUDA_MAJOR.*"
+  export PACKLORA_CUDA_COMPILE_PY="$CVENV/bin/python" PACKLORA_CUDA_HOME="$TOOLKIT"
+fi
 "$VENV/bin/ruff" check --quiet src adapters quant kernels tests bench scripts
 exec "$VENV/bin/python" -m pytest "$@"
