@@ -50,7 +50,7 @@ KERNELS = {
     "gemv_bwd": (gemv.gemv_bwd, (_F32_2D, _F32_2D, _INT)),
     "tile_small_m": (gemm_kernel(SMALL_M_TILE), (_F32_2D, _F32_2D, _INT, _INT, _INT)),
     "tile_large_m": (gemm_kernel(LARGE_M_TILE), (_F32_2D, _F32_2D, _INT, _INT, _INT)),
-    "gather_rows": (rows._gather_kernel, (types.Array(types.int64, 1, "C"), _F32_2D)),
+    "gather_rows": (rows._gather_kernel, (types.Array(types.int64, 1, "C"), _F32_2D, _INT)),
 }
 
 

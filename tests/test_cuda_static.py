@@ -10,8 +10,8 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "cuda_static.py"
 COMPILE_PY = os.environ.get("PACKLORA_CUDA_COMPILE_PY")
-KERNELS = ("gemv_fwd", "gemv_bwd", "tile_small_m", "decode_run", "decode_group")
-BLOCK_KERNELS = ("gemv_fwd", "gemv_bwd", "tile_small_m")  # launched with 256 threads a block
+KERNELS = ("gemv_fwd", "gemv_bwd", "tile_small_m", "gather_rows", "decode_run", "decode_group")
+BLOCK_KERNELS = ("gemv_fwd", "gemv_bwd", "tile_small_m", "gather_rows")  # 256 threads a block
 # sm_90 has 65,536 registers a multiprocessor: at most 128 a thread lets two blocks of 256 share
 # one (the occupancy the small-M tile had at 117 when it carried every format's decoder)
 MAX_REGISTERS = 128

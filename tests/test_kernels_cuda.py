@@ -122,6 +122,10 @@ def _sim_gather(quantize, rng):
         rows = np.array([7, 0, 7, 3], dtype=np.int64)
         out = gather_rows(w, rows, np.empty((4, 96), np.float32))
         errs[fmt + ("_dq" if dq else "")] = _rel_err(out, w.dequantize()[rows])
+    w = quantize(rng.standard_normal((5, 99)).astype(np.float32), "nf4", block_size=32)
+    rows = np.array([4, 1], dtype=np.int64)  # a row of 99: value by value, not in runs
+    errs["nf4-k99"] = _rel_err(gather_rows(w, rows, np.empty((2, 99), np.float32)),
+                               w.dequantize()[rows])
     for fmt in KQUANTS:  # against gguf-checked numpy decoders (quant/kquants.py)
         w = random_packed(fmt, 9, 512, rng)
         rows = np.array([8, 0, 8, 5], dtype=np.int64)
@@ -210,7 +214,7 @@ def test_simulator_fp16_scale_decoding(sim):
 
 
 def test_simulator_gather_rows(sim):
-    assert len(sim["gather"]) == len(VARIANTS) + len(KQUANTS)
+    assert len(sim["gather"]) == len(VARIANTS) + len(KQUANTS) + 1
     for name, err in sim["gather"].items():
         assert err == 0.0, (name, err)
 

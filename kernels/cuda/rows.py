@@ -1,12 +1,19 @@
-"""Decode chosen rows of a packed weight on the GPU (embedding lookups), one launch per call."""
+"""Decode chosen rows of a packed weight on the GPU (embedding lookups, and the tiles of W that
+large batches hand to cuBLAS: tiled.py), one launch per call.
+
+A block decodes RUN * THREADS values of a row. Where runs of SEG values lie inside one scale
+group (decode.grouped: every block format, and flat block sizes and rows that SEG divides) a
+thread decodes SEG neighbours at a time and reads their scales once; otherwise one value at a
+time, THREADS apart. Either way a warp reads and writes neighbouring memory."""
 import functools
 
 from numba import cuda
 
-from .decode import decode_run
+from .decode import decode_group, decode_run, grouped
 from .launch import launch
 
-RUN = 16  # elements one thread decodes, THREADS apart: a warp reads and writes neighbours
+RUN = 16  # elements one thread decodes
+SEG = 8   # ... as runs of SEG neighbours where they share a scale group
 THREADS = 256
 
 
@@ -15,15 +22,25 @@ def _gather_kernel(fmt, dq):
     """The row gather for format id fmt (dq: double-quantized absmax)."""
 
     @cuda.jit(cache=True)
-    def kernel(rows, out, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, codebook):
+    def kernel(rows, out, grp, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
+               codebook):
         i = cuda.blockIdx.y
         if i >= rows.shape[0]:
+            return
+        n = rows[i]
+        if grp:
+            c = (cuda.blockIdx.x * THREADS * (RUN // SEG) + cuda.threadIdx.x) * SEG
+            for _ in range(RUN // SEG):
+                if c < kdim:
+                    decode_group(out, i, c, 0, 1, SEG, n, c, kdim, fmt, bs, dq, q, q16, absmax,
+                                 amq, amcode, amscale, amoff, codebook)
+                c += THREADS * SEG
             return
         c = cuda.blockIdx.x * RUN * THREADS + cuda.threadIdx.x
         for _ in range(RUN):
             if c < kdim:
-                decode_run(out, i, c, 0, 1, 1, rows[i], c, kdim, fmt, bs, dq, q, q16, absmax,
-                           amq, amcode, amscale, amoff, codebook)
+                decode_run(out, i, c, 0, 1, 1, n, c, kdim, fmt, bs, dq, q, q16, absmax, amq,
+                           amcode, amscale, amoff, codebook)
             c += THREADS
 
     return kernel
@@ -36,5 +53,6 @@ def gather_rows(w, rows, out):
     if rows.size == 0 or k == 0:
         return out
     grid = (-(-k // (RUN * THREADS)), int(rows.size))
-    launch(_gather_kernel, grid, THREADS, [rows, out], w)
+    grp = int(grouped(SEG, int(w.block_size), k))
+    launch(_gather_kernel, grid, THREADS, [rows, out, grp], w)
     return out
