@@ -155,6 +155,24 @@ def _sim_gemv_rows(ops, quantize, rng):
     return errs
 
 
+def _sim_gemv_gpu_threads(ops, quantize, rng):
+    """The GEMV kernels with the GPU's threads a block (eight warps; rows of W past N idle)."""
+    errs = {}
+    saved = ops.SIM_GEMV_THREADS
+    ops.SIM_GEMV_THREADS = ops.gemv.THREADS
+    try:
+        for fmt, dq, (m, n, k) in [("q4_k", False, (3, 20, 256)), ("nf4", True, (2, 9, 128))]:
+            w = quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=dq)
+            dense = w.dequantize()                                      # (N, K)
+            x = rng.standard_normal((m, k)).astype(np.float32)          # (M, K)
+            dy = rng.standard_normal((m, n)).astype(np.float32)         # (M, N)
+            errs[fmt] = {"fwd": _rel_err(ops.linear_fwd(x, w), x @ dense.T),
+                         "bwd": _rel_err(ops.linear_bwd(dy, w), dy @ dense)}
+    finally:
+        ops.SIM_GEMV_THREADS = saved
+    return errs
+
+
 def _sim_weight_args(ops, quantize, rng):
     """A weight's kernel arguments are made once; replacing a buffer makes them again."""
     from packlora.kernels.cuda.launch import weight_args
@@ -183,6 +201,7 @@ def _simulator_main():
     out["gather"] = _sim_gather(quantize, rng)
     out["weight_args"] = _sim_weight_args(ops, quantize, rng)
     out["gemv_rows"] = _sim_gemv_rows(ops, quantize, rng)
+    out["gemv_gpu_threads"] = _sim_gemv_gpu_threads(ops, quantize, rng)
     print(json.dumps(out))
 
 
@@ -236,6 +255,12 @@ def test_simulator_weight_args_follow_buffers(sim):
 
 def test_simulator_gemv_every_row_bound(sim):
     for case, res in sim["gemv_rows"].items():
+        assert res["fwd"] < 2e-5 and res["bwd"] < 2e-5, (case, res)
+
+
+def test_simulator_gemv_with_the_gpus_threads(sim):
+    assert len(sim["gemv_gpu_threads"]) == 2
+    for case, res in sim["gemv_gpu_threads"].items():
         assert res["fwd"] < 2e-5 and res["bwd"] < 2e-5, (case, res)
 
 

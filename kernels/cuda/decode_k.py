@@ -28,7 +28,7 @@ Q4_CODES, Q4_SC, Q4_D, Q4_M = _L4.codes_at, _L4.sub_scales_at, _L4.scale_at, _L4
 Q5_CODES, Q5_HIGH, Q5_SC, Q5_D, Q5_M = (_L5.codes_at, _L5.high_bits_at, _L5.sub_scales_at,
                                         _L5.scale_at, _L5.min_at)
 Q6_CODES, Q6_HIGH, Q6_SC, Q6_D = _L6.codes_at, _L6.high_bits_at, _L6.sub_scales_at, _L6.scale_at
-assert (Q4_SC, Q4_D, Q4_M) == (Q5_SC, Q5_D, Q5_M)  # _q45_k reads both at the same bytes
+assert (Q4_SC, Q4_D, Q4_M) == (Q5_SC, Q5_D, Q5_M)  # block_affine reads both at Q4_K's bytes
 # the ggml blocks of 32: one fp16 d at byte 0 (the affines below read it there), and ids up
 # to Q5_1's (`fmt <= Q5_1` below picks them among the block formats)
 assert max(Q4_0, Q4_1, Q8_0, Q5_0) < Q5_1 < min(Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16)

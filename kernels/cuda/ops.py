@@ -25,6 +25,8 @@ FUSED_MAX_M = 16
 assert GEMV_MAX_M <= gemv.MAX_M
 # Blocks a launch aims for (a few per multiprocessor): thin products split the reduction.
 TARGET_BLOCKS = 512
+# GEMV threads a block in the simulator: one warp is fast there (a test runs the GPU's)
+SIM_GEMV_THREADS = 32
 
 
 def linear_fwd(x, w, out=None, *, tile=None, scratch=None, cap_elems=0):
@@ -115,7 +117,7 @@ def _launch(a, c, w, bwd, tile):
 
 
 def _launch_gemv(a, c, w, bwd):
-    threads = 32 if config.ENABLE_CUDASIM else gemv.THREADS  # one warp: fast in the simulator
+    threads = SIM_GEMV_THREADS if config.ENABLE_CUDASIM else gemv.THREADS
     bound = gemv.row_bound(a.shape[0])
     if not bwd:  # a warp per row of W
         build = functools.partial(gemv.gemv_fwd, rows=bound)
