@@ -1,5 +1,6 @@
-"""What the CUDA kernels compile to, without a GPU: registers, stack (local memory), spills and
-shared memory per thread from ptxas, and PTX instructions, per kernel and format, as JSON;
+"""What the CUDA kernels compile to, without a GPU: registers, stack (local memory) and spills
+per thread and shared memory per block from ptxas, and PTX instructions, per kernel and format,
+as JSON;
 and, as a measure of decoding cost, the straight-line PTX of one run of 8 values decoded by
 `decode_run` (any run) and by `decode_group` (a run inside one scale group: the hot loops).
 
@@ -18,6 +19,7 @@ import argparse
 import functools
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -118,6 +120,8 @@ def main():
                     help="formats, nf4+dq for double-quantized; all: every format")
     ap.add_argument("--kernels", default=",".join(KERNELS))
     args = ap.parse_args()
+    if shutil.which("ptxas") is None:
+        sys.exit("cuda_static: ptxas not found: put a CUDA toolkit's bin on PATH")
     formats = args.formats.split(",")
     if formats == ["all"]:
         formats = [f for name in FORMAT_IDS for f in
