@@ -46,10 +46,13 @@ _INT = types.int64
 _WEIGHT = (_INT, _INT, types.Array(types.uint8, 1, "C"), types.Array(types.float16, 1, "C"),
            *(types.Array(t, 1, "C") for t in (types.float32, types.uint8, types.float32,
                                               types.float32, types.float32, types.float32)))
-# kernel name -> (build(fmt, dq), the arguments before the weight's)
+# kernel name -> (build(fmt, dq), the arguments before the weight's); _16: the GEMV for
+# up to 16 rows
 KERNELS = {
     "gemv_fwd": (gemv.gemv_fwd, (_F32_2D, _F32_2D)),
     "gemv_bwd": (gemv.gemv_bwd, (_F32_2D, _F32_2D, _INT)),
+    "gemv_fwd_16": (functools.partial(gemv.gemv_fwd, rows=gemv.MAX_M), (_F32_2D, _F32_2D)),
+    "gemv_bwd_16": (functools.partial(gemv.gemv_bwd, rows=gemv.MAX_M), (_F32_2D, _F32_2D, _INT)),
     "tile_small_m": (gemm_kernel(SMALL_M_TILE), (_F32_2D, _F32_2D, _INT, _INT, _INT)),
     "tile_large_m": (gemm_kernel(LARGE_M_TILE), (_F32_2D, _F32_2D, _INT, _INT, _INT)),
     "gather_rows": (rows._gather_kernel, (types.Array(types.int64, 1, "C"), _F32_2D, _INT)),
@@ -101,10 +104,12 @@ def _ptxas(ptx, cc):
             "spill_loads": num(r"(\d+) bytes spill loads"), "smem_bytes": num(r"(\d+) bytes smem")}
 
 
-def kernel_stats(py_func, sig, cc):
-    """ptxas resources and PTX size of one kernel (its Python function, argument types)."""
+def kernel_stats(kernel, sig, cc):
+    """ptxas resources and PTX size of one kernel (a dispatcher, argument types), compiled with
+    its launch bounds."""
     t0 = time.perf_counter()
-    ptx, _ = cuda.compile_ptx(py_func, sig, cc=cc)
+    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc,
+                              launch_bounds=kernel.targetoptions.get("launch_bounds"))
     compile_s = time.perf_counter() - t0
     body = [ln for ln in (raw.strip() for raw in ptx.splitlines())
             if ln and ln.endswith(";") and not ln.startswith((".", "//"))]
@@ -134,7 +139,7 @@ def main():
         for kname in args.kernels.split(","):
             build, head = KERNELS[kname]
             kernel = build(FORMAT_IDS[name], dq)
-            out["kernels"][f"{kname}/{fmt}"] = kernel_stats(kernel.py_func, head + _WEIGHT, cc)
+            out["kernels"][f"{kname}/{fmt}"] = kernel_stats(kernel, head + _WEIGHT, cc)
             print(kname, fmt, out["kernels"][f"{kname}/{fmt}"], file=sys.stderr)
     print(json.dumps(out, indent=1))
 

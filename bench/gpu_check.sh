@@ -14,7 +14,10 @@ cd "$(dirname "$0")/.."
 OUT="${1:?usage: bash bench/gpu_check.sh OUTDIR [WHEEL_DIR]}"
 WHEELS="${2:-.whl}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NUMBA_CACHE_DIR=/tmp/numba-cache
+export PYTHONUNBUFFERED=1
+# Numba's cache in a folder per version of the kernel sources: a warm machine's cache from an
+# earlier call would otherwise hand back kernels whose callees changed since
+CACHE=/tmp/packlora-cache source scripts/numba_cache.sh
 if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "$WHEELS"/*.whl || exit 1

@@ -264,6 +264,14 @@ def test_simulator_gemv_with_the_gpus_threads(sim):
         assert res["fwd"] < 2e-5 and res["bwd"] < 2e-5, (case, res)
 
 
+def test_runs_share_a_scale_group_only_where_they_fit():
+    from packlora.kernels.cuda.decode import grouped
+    assert grouped(8, 256, 512) and grouped(4, 32, 4096) and grouped(16, 64, 128)
+    assert not grouped(32, 256, 512)  # longer than the 16-value groups of Q2_K, Q3_K, Q6_K
+    assert not grouped(8, 36, 4096)   # a flat block size the run does not divide
+    assert not grouped(8, 64, 100)    # rows the run does not divide
+
+
 # ---------------------------------------------------------------- real GPU (cupy)
 def _cupy():
     try:
@@ -286,13 +294,27 @@ def _cupy():
 @pytest.mark.parametrize("m", [1, 13, 300])
 def test_gpu_matches_dense(fmt, dq, m):
     cp = _cupy()
+    from packlora.quant import quantize
+    rng = np.random.default_rng(1)
+    w = quantize(rng.standard_normal((576, 1536)).astype(np.float32), fmt, double_quant=dq)
+    _gpu_check_products(cp, w, m, rng, f"{fmt} dq={dq}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", KQUANTS)
+@pytest.mark.parametrize("m", [1, 13])
+def test_gpu_kquants_match_dense(fmt, m):
+    cp = _cupy()
+    rng = np.random.default_rng(3)
+    _gpu_check_products(cp, random_packed(fmt, 576, 1536, rng), m, rng, fmt)
+
+
+def _gpu_check_products(cp, w, m, rng, what):
+    """Forward and backward of host weight w moved to the GPU against cupy on its dense form."""
     from packlora import Device
     from packlora.errors import DeviceError
     from packlora.kernels.cuda import ops
-    from packlora.quant import quantize
-    rng = np.random.default_rng(1)
-    n, k = 576, 1536
-    w = quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=dq)
+    n, k = w.shape
     dense = cp.asarray(w.dequantize())                                  # (N, K)
     wd = w.to_device(Device.cuda(0))
     x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))      # (M, K)
@@ -305,7 +327,7 @@ def test_gpu_matches_dense(fmt, dq, m):
         ops.linear_fwd(x, w)                                            # w still on the host
     for got, ref in [(y, x @ dense.T), (dx, dy @ dense)]:
         err = float(cp.abs(got - ref).max() / cp.abs(ref).max())
-        assert err < 1e-4, f"{fmt} dq={dq} M={m}: rel err {err}"
+        assert err < 1e-4, f"{what} M={m}: rel err {err}"
 
 
 @pytest.mark.gpu

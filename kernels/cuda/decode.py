@@ -75,8 +75,8 @@ def decode_run(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax, 
 @cuda.jit(device=True, cache=True)
 def decode_group(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq, amcode,
                  amscale, amoff, codebook):
-    """decode_run for a run inside one scale group (`grouped(cnt, bs)`, k a multiple of cnt):
-    the block's scales are read once."""
+    """decode_run for a run inside one scale group (`grouped(cnt, bs, kdim)`, k a multiple of
+    cnt): the block's scales are read once."""
     if fmt <= _FLAT_MAX:
         i = n * kdim + k
         scale = block_scale(i // bs, fmt, dq, absmax, amq, amcode, amscale, amoff)

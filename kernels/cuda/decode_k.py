@@ -47,6 +47,11 @@ def _block_table(field):
 
 
 BLOCK_ELEMS, BLOCK_BYTES = _block_table("elems"), _block_table("nbytes")
+# f16_at reads fp16 values through a float16 view of the blocks: every block's size and every
+# fp16 in it (scale, min; a 16-bit row's values at 2j) at an even byte offset
+assert all(e.layout.nbytes % 2 == 0 and all(at % 2 == 0 for at in (e.layout.scale_at,
+                                                                   e.layout.min_at) if at)
+           for e in REGISTRY.values() if e.storage != FLAT)
 # Values that share one (s, o): every block format's scale group (K-quant sub-block, ggml
 # block; 16-bit rows have no scale) is a multiple of this.
 SCALE_GROUP = 16
@@ -142,8 +147,9 @@ def block_code(q, q16, base, j, fmt):
 
 @cuda.jit(device=True, cache=True)
 def block_affine(q, q16, base, j, fmt):
-    """(s, o) of value j's scale group: value = code * s + o (formulas as the references')."""
-    zero = float32(0.0)
+    """(s, o) of value j's scale group: value = code * s + o (formulas as the references').
+    Formats without a min add -0.0: x + -0.0 is x for every x, so the add folds away."""
+    zero = float32(-0.0)
     if fmt == F16 or fmt == BF16:
         return float32(1.0), zero
     if fmt <= Q5_1:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from numba import cuda, float32
 
 from .decode import decode_group, decode_run
+from .launch import kernel_jit
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
                 for j in range(RN):
                     acc[i, j] += am[i] * bn[j]
 
-    @cuda.jit(cache=True)
+    @kernel_jit(NT)
     def packed_gemm(a, c, bwd, span, grp, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
                     cb):
         # a: (M, R) float32; c: (M, C) float32. Logical W is (N, kdim).

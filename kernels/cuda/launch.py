@@ -14,7 +14,7 @@ cupy's current stream is made once, and an array's wrapper skips the stream of i
 import weakref
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 from ...errors import QuantError
 from ...quant.packed import array_module
@@ -25,6 +25,19 @@ try:  # without cupy only host arrays are launched (the simulator)
     import cupy
 except ImportError:
     cupy = None
+
+
+# Blocks of a kernel that must fit a multiprocessor at once: its launch bounds let ptxas use at
+# most 65,536 / (MIN_BLOCKS * threads) registers a thread (128 at 256 threads on sm_90).
+MIN_BLOCKS = 2
+
+
+def kernel_jit(threads, min_blocks=MIN_BLOCKS):
+    """cuda.jit for a packed-weight kernel launched with at most `threads` a block, min_blocks
+    of which share a multiprocessor (launch bounds on a GPU; the simulator takes none)."""
+    if config.ENABLE_CUDASIM:
+        return cuda.jit(cache=True)
+    return cuda.jit(cache=True, launch_bounds=(threads, min_blocks))
 
 
 def is_cupy(a):
@@ -89,7 +102,7 @@ def _weight_args(w, entry, dq, xp):
     k = int(w.shape[1])
     f32, u8, f16 = _placeholders(xp)
     if entry.storage != FLAT:
-        q = _contiguous(w, "blocks").reshape(-1)  # every block's byte count is even
+        q = _contiguous(w, "blocks").reshape(-1)  # even bytes a block (decode_k asserts)
         return [k, entry.layout.elems, q, q.view(np.float16), f32, u8, f32, f32, f32, f32]
     bs = int(w.block_size)
     q = _contiguous(w, "codes").view(np.uint8)
