@@ -10,11 +10,14 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "cuda_static.py"
 COMPILE_PY = os.environ.get("PACKLORA_CUDA_COMPILE_PY")
-BLOCK_KERNELS = ("gemv_fwd", "gemv_bwd", "gemv_fwd_16", "gemv_bwd_16", "tile_small_m",
-                 "tile_large_m", "gather_rows")  # launched with 256 threads a block
-KERNELS = (*BLOCK_KERNELS, "decode_run", "decode_group")
+# What products of up to 16 rows and the row gather launch, 256 threads a block. Not held to
+# the register bound: the GEMV for up to 16 rows (the benchmark's; 64 sums a thread backward)
+# and the large-M tile (on a GPU with a scratch, M > 16 goes to cuBLAS)
+SMALL_M_KERNELS = ("gemv_fwd", "gemv_bwd", "tile_small_m", "gather_rows")
+KERNELS = (*SMALL_M_KERNELS, "gemv_fwd_16", "gemv_bwd_16", "tile_large_m", "decode_run",
+           "decode_group")
 # sm_90 has 65,536 registers a multiprocessor: at most 128 a thread lets two blocks of 256 share
-# one (launch.MIN_BLOCKS; the small-M tile had 117 when it carried every format's decoder)
+# one (the small-M tile had 117 when it carried every format's decoder)
 MAX_REGISTERS = 128
 
 
@@ -38,8 +41,8 @@ def test_no_local_memory_or_spills(compiled):
 
 
 def test_two_blocks_fit_a_multiprocessor(compiled):
-    for name, res in compiled.items():  # but the 16-row GEMV backward's 64 sums a thread
-        if name.split("/")[0] in BLOCK_KERNELS and not name.startswith("gemv_bwd_16/"):
+    for name, res in compiled.items():
+        if name.split("/")[0] in SMALL_M_KERNELS:
             assert res["registers"] <= MAX_REGISTERS, (name, res)
 
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from numba import cuda, float32
 
 from .decode import decode_group, decode_run
-from .launch import kernel_jit
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
                 for j in range(RN):
                     acc[i, j] += am[i] * bn[j]
 
-    @kernel_jit(NT)
+    @cuda.jit(cache=True)
     def packed_gemm(a, c, bwd, span, grp, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
                     cb):
         # a: (M, R) float32; c: (M, C) float32. Logical W is (N, kdim).

@@ -16,7 +16,6 @@ import functools
 from numba import cuda, float32
 
 from .decode import decode_group, grouped
-from .launch import MIN_BLOCKS, kernel_jit
 
 MAX_M = 16        # rows of x (or dy) a launch takes at most: the per-thread accumulators
 SMALL_M = 4       # ... and the bound of the kernels built for the fewest rows (fewer registers)
@@ -43,7 +42,7 @@ def gemv_fwd(fmt, dq, rows=SMALL_M):
     """The forward kernel for format id fmt (dq: double-quantized absmax), up to `rows` rows."""
     parts = (MAX_WARPS, rows, 33)  # a lane's sum per row of x, padded: rows fall in other banks
 
-    @kernel_jit(THREADS)
+    @cuda.jit(cache=True)
     def kernel(x, y, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, cb):
         # x (M, K), y (M, N); warp w of block b computes column n = b * warps + w of y
         warps = cuda.blockDim.x >> 5
@@ -84,8 +83,7 @@ def gemv_bwd(fmt, dq, rows=SMALL_M):
     """The backward kernel for format id fmt (dq: double-quantized absmax), up to `rows` rows."""
     accs = rows * BWD_SEG
 
-    # 16 rows keep 64 sums a thread: more registers than two blocks a multiprocessor allow
-    @kernel_jit(THREADS, 1 if rows > SMALL_M else MIN_BLOCKS)
+    @cuda.jit(cache=True)
     def kernel(dy, dx, chunk, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, cb):
         # dy (M, N), dx (M, K) zeroed; block (bx, by): columns from bx * threads * BWD_SEG, W's
         # rows [by * chunk, (by + 1) * chunk)

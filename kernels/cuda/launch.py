@@ -14,7 +14,7 @@ cupy's current stream is made once, and an array's wrapper skips the stream of i
 import weakref
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
 from ...errors import QuantError
 from ...quant.packed import array_module
@@ -25,19 +25,6 @@ try:  # without cupy only host arrays are launched (the simulator)
     import cupy
 except ImportError:
     cupy = None
-
-
-# Blocks of a kernel that must fit a multiprocessor at once: its launch bounds let ptxas use at
-# most 65,536 / (MIN_BLOCKS * threads) registers a thread (128 at 256 threads on sm_90).
-MIN_BLOCKS = 2
-
-
-def kernel_jit(threads, min_blocks=MIN_BLOCKS):
-    """cuda.jit for a packed-weight kernel launched with at most `threads` a block, min_blocks
-    of which share a multiprocessor (launch bounds on a GPU; the simulator takes none)."""
-    if config.ENABLE_CUDASIM:
-        return cuda.jit(cache=True)
-    return cuda.jit(cache=True, launch_bounds=(threads, min_blocks))
 
 
 def is_cupy(a):

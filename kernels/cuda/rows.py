@@ -10,7 +10,7 @@ import functools
 from numba import cuda
 
 from .decode import decode_group, decode_run, grouped
-from .launch import kernel_jit, launch
+from .launch import launch
 
 RUN = 16  # elements one thread decodes
 SEG = 8   # ... as runs of SEG neighbours where they share a scale group
@@ -21,7 +21,7 @@ THREADS = 256
 def _gather_kernel(fmt, dq):
     """The row gather for format id fmt (dq: double-quantized absmax)."""
 
-    @kernel_jit(THREADS)
+    @cuda.jit(cache=True)
     def kernel(rows, out, grp, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
                codebook):
         i = cuda.blockIdx.y
