@@ -134,43 +134,16 @@ def _sim_gather(quantize, rng):
     return errs
 
 
-def _sim_gemv_rows(ops, quantize, rng):
-    """The GEMV kernels at every row bound (ops.GEMV_MAX_M raised to gemv.MAX_M), M = 1..16."""
-    errs = {}
-    saved = ops.GEMV_MAX_M
-    ops.GEMV_MAX_M = ops.gemv.MAX_M
+def _sim_patched(ops, Tile, quantize, rng, name, value, cases):
+    """_sim_case for each (fmt, dq, (M, N, K)) with ops.<name> set to value meanwhile."""
+    saved = getattr(ops, name)
+    setattr(ops, name, value)
     try:
-        for fmt, dq, m in [("q4_0", False, 16), ("nf4", True, 9), ("q6_k", False, 4),
-                           ("q8_0", False, 5)]:
-            k = 256
-            w = quantize(rng.standard_normal((12, k)).astype(np.float32), fmt, double_quant=dq)
-            dense = w.dequantize()                                      # (N, K)
-            x = rng.standard_normal((m, k)).astype(np.float32)          # (M, K)
-            dy = rng.standard_normal((m, 12)).astype(np.float32)        # (M, N)
-            errs[f"{fmt}{'_dq' if dq else ''}-m{m}"] = {
-                "fwd": _rel_err(ops.linear_fwd(x, w), x @ dense.T),
-                "bwd": _rel_err(ops.linear_bwd(dy, w), dy @ dense)}
+        return {f"{fmt}{'_dq' if dq else ''}-m{shape[0]}":
+                _sim_case(ops, Tile, quantize, rng, (fmt, dq, shape, None, None))
+                for fmt, dq, shape in cases}
     finally:
-        ops.GEMV_MAX_M = saved
-    return errs
-
-
-def _sim_gemv_gpu_threads(ops, quantize, rng):
-    """The GEMV kernels with the GPU's threads a block (eight warps; rows of W past N idle)."""
-    errs = {}
-    saved = ops.SIM_GEMV_THREADS
-    ops.SIM_GEMV_THREADS = ops.gemv.THREADS
-    try:
-        for fmt, dq, (m, n, k) in [("q4_k", False, (3, 20, 256)), ("nf4", True, (2, 9, 128))]:
-            w = quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=dq)
-            dense = w.dequantize()                                      # (N, K)
-            x = rng.standard_normal((m, k)).astype(np.float32)          # (M, K)
-            dy = rng.standard_normal((m, n)).astype(np.float32)         # (M, N)
-            errs[fmt] = {"fwd": _rel_err(ops.linear_fwd(x, w), x @ dense.T),
-                         "bwd": _rel_err(ops.linear_bwd(dy, w), dy @ dense)}
-    finally:
-        ops.SIM_GEMV_THREADS = saved
-    return errs
+        setattr(ops, name, saved)
 
 
 def _sim_weight_args(ops, quantize, rng):
@@ -200,8 +173,15 @@ def _simulator_main():
     out["api"] = _sim_api(ops, quantize, rng)
     out["gather"] = _sim_gather(quantize, rng)
     out["weight_args"] = _sim_weight_args(ops, quantize, rng)
-    out["gemv_rows"] = _sim_gemv_rows(ops, quantize, rng)
-    out["gemv_gpu_threads"] = _sim_gemv_gpu_threads(ops, quantize, rng)
+    # the GEMV at every row bound (GEMV_MAX_M raised to gemv.MAX_M), M up to 16
+    out["gemv_rows"] = _sim_patched(
+        ops, Tile, quantize, rng, "GEMV_MAX_M", ops.gemv.MAX_M,
+        [("q4_0", False, (16, 12, 256)), ("nf4", True, (9, 12, 256)),
+         ("q6_k", False, (4, 12, 256)), ("q8_0", False, (5, 12, 256))])
+    # the GEMV with the GPU's threads a block (eight warps; rows of W past N idle)
+    out["gemv_gpu_threads"] = _sim_patched(
+        ops, Tile, quantize, rng, "SIM_GEMV_THREADS", ops.gemv.THREADS,
+        [("q4_k", False, (3, 20, 256)), ("nf4", True, (2, 9, 128))])
     print(json.dumps(out))
 
 

@@ -44,6 +44,26 @@ def _flat_value(q, i, fmt, scale, codebook):
 
 
 @cuda.jit(device=True, cache=True)
+def decode_group(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq, amcode,
+                 amscale, amoff, codebook):
+    """decode_run for a run inside one scale group (`grouped(cnt, bs, kdim)`, k a multiple of
+    cnt): the block's scales are read once."""
+    if fmt <= _FLAT_MAX:
+        i = n * kdim + k
+        scale = block_scale(i // bs, fmt, dq, absmax, amq, amcode, amscale, amoff)
+        for t in range(cnt):
+            dst[r + t * dr, c + t * dc] = _flat_value(q, i + t, fmt, scale, codebook)
+        return
+    elems = BLOCK_ELEMS[fmt]
+    bpb = BLOCK_BYTES[fmt]
+    base = (n * (kdim // elems) + k // elems) * bpb
+    j = k % elems
+    s, o = block_affine(q, q16, base, j, fmt)
+    for t in range(cnt):
+        dst[r + t * dr, c + t * dc] = block_code(q, q16, base, j + t, fmt) * s + o
+
+
+@cuda.jit(device=True, cache=True)
 def decode_run(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq, amcode,
                amscale, amoff, codebook):
     """dst[r + t*dr, c + t*dc] = W[n, k + t] for t < cnt, any format (W is (N, kdim)). q16 is
@@ -62,31 +82,6 @@ def decode_run(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax, 
                 scale = block_scale(b, fmt, dq, absmax, amq, amcode, amscale, amoff)
             dst[r + t * dr, c + t * dc] = _flat_value(q, i + t, fmt, scale, codebook)
         return
-    elems = BLOCK_ELEMS[fmt]
-    bpb = BLOCK_BYTES[fmt]
-    row = n * (kdim // elems) * bpb
-    for t in range(cnt):
-        base = row + ((k + t) // elems) * bpb
-        j = (k + t) % elems
-        s, o = block_affine(q, q16, base, j, fmt)
-        dst[r + t * dr, c + t * dc] = block_code(q, q16, base, j, fmt) * s + o
-
-
-@cuda.jit(device=True, cache=True)
-def decode_group(dst, r, c, dr, dc, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq, amcode,
-                 amscale, amoff, codebook):
-    """decode_run for a run inside one scale group (`grouped(cnt, bs, kdim)`, k a multiple of
-    cnt): the block's scales are read once."""
-    if fmt <= _FLAT_MAX:
-        i = n * kdim + k
-        scale = block_scale(i // bs, fmt, dq, absmax, amq, amcode, amscale, amoff)
-        for t in range(cnt):
-            dst[r + t * dr, c + t * dc] = _flat_value(q, i + t, fmt, scale, codebook)
-        return
-    elems = BLOCK_ELEMS[fmt]
-    bpb = BLOCK_BYTES[fmt]
-    base = (n * (kdim // elems) + k // elems) * bpb
-    j = k % elems
-    s, o = block_affine(q, q16, base, j, fmt)
-    for t in range(cnt):
-        dst[r + t * dr, c + t * dc] = block_code(q, q16, base, j + t, fmt) * s + o
+    for t in range(cnt):  # a block format: each value a group of its own
+        decode_group(dst, r + t * dr, c + t * dc, dr, dc, 1, n, k + t, kdim, fmt, bs, dq, q, q16,
+                     absmax, amq, amcode, amscale, amoff, codebook)
