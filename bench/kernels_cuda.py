@@ -4,10 +4,12 @@ Three ways to the same product, taking turns call by call (CUDA-event times, med
 "_host_ms": the host time a call took to return, launches queued):
   packed        packlora's entry point with a Device: fused decode-and-multiply for M <= 16,
                 decoded tiles of W (at most the device's scratch) through cuBLAS above;
-  deq_cublas    decode the whole W into a fresh dense array, then cuBLAS (what bitsandbytes
-                does per matmul, the dense copy included);
+  deq_cublas    decode the whole W into a fresh dense array (packlora's row gather), then
+                cuBLAS (what bitsandbytes does per matmul, the dense copy included);
   dense         cuBLAS on a dense W that already exists (the floor: no decode at all);
-  gemv, tile    at M <= 16, each of the two small-M kernels, whichever `packed` picks.
+  gemv, tile    at M <= 16, each of the two small-M kernels, whichever `packed` picks;
+  ordinary      at M <= 16, `packed` with every launch through Numba's ordinary path (typing
+                and marshalling each argument; packlora replays a prepared launch instead).
 All float32 (cuBLAS sgemm). Weights are random codes with small scales (timing does not depend
 on the values); each result is checked against the dense product.
 
@@ -23,6 +25,7 @@ import numpy as np
 from kernels import random_packed  # bench/kernels.py: random codes for every format
 from packlora import Device
 from packlora.kernels import dequantize_rows, linear_bwd, linear_fwd
+from packlora.kernels.cuda import launch as cuda_launch
 from packlora.kernels.cuda import ops as cuda_ops
 
 SHAPES = {"attn": (4096, 4096), "up": (11008, 4096), "down": (4096, 11008)}   # (N, K)
@@ -86,6 +89,17 @@ def _small_m(gemv_max, call):
     return run
 
 
+def _ordinary(call):
+    """`call` with packlora's prepared launches off (kernels/cuda/prepared.py)."""
+    def run():
+        cuda_launch.PREPARED_LAUNCHES = False
+        try:
+            return call()
+        finally:
+            cuda_launch.PREPARED_LAUNCHES = True
+    return run
+
+
 def bench(cp, dev, fmt, n, k, ms, reps, rng):
     w = random_packed(fmt, n, k, rng).to_device(dev)
     dense = cp.empty((n, k), cp.float32)
@@ -106,6 +120,7 @@ def bench(cp, dev, fmt, n, k, ms, reps, rng):
             for side, gemv_max in (("gemv", m), ("tile", 0)):
                 fwd[side] = _small_m(gemv_max, fwd["packed"])
                 bwd[side] = _small_m(gemv_max, bwd["packed"])
+            fwd["ordinary"], bwd["ordinary"] = _ordinary(fwd["packed"]), _ordinary(bwd["packed"])
         err = max([_rel(cp, fwd[s](), x @ dense.T) for s in fwd if s not in _REFS]
                   + [_rel(cp, bwd[s](), dy @ dense) for s in bwd if s not in _REFS])
         fwd, bwd = _turns(cp, fwd, reps), _turns(cp, bwd, reps)
@@ -114,7 +129,7 @@ def bench(cp, dev, fmt, n, k, ms, reps, rng):
             row.update({f"{name}_{side}_ms": round(t[side][0] * 1e3, 4) for side in t})
             row.update({f"{name}_{side}_host_ms": round(t[side][2] * 1e3, 4) for side in t})
             row[f"{name}_vs_deq_cublas"] = round(t["packed"][0] / t["deq_cublas"][0], 3)
-            for side in ("gemv", "tile"):
+            for side in ("gemv", "tile", "ordinary"):
                 if side in t:
                     row[f"{name}_{side}_vs_deq_cublas"] = round(t[side][0] / t["deq_cublas"][0],
                                                                 3)

@@ -1,14 +1,18 @@
 """The CUDA kernels as a GPU would compile them (Numba-CUDA -> PTX -> ptxas for sm_90), with no
 GPU: bench/cuda_static.py in the environment scripts/test.sh makes where a CUDA toolkit (ptxas,
-libnvvm) is installed. Guards what the simulator cannot see: local memory, spills, registers."""
+libnvvm) is installed. Guards what the simulator cannot see: local memory, spills, registers;
+and, through bench/cuda_launch_host.py (Numba-CUDA with the driver stubbed), the parameters a
+replayed launch passes (kernels/cuda/prepared.py)."""
 import json
 import os
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "cuda_static.py"
+LAUNCH_HOST = BENCH.parent / "cuda_launch_host.py"
 COMPILE_PY = os.environ.get("PACKLORA_CUDA_COMPILE_PY")
 # What products of up to 16 rows and the row gather launch, 256 threads a block. Not held to
 # the register bound: the GEMV for up to 16 rows (the benchmark's; 64 sums a thread backward)
@@ -21,17 +25,22 @@ KERNELS = (*SMALL_M_KERNELS, "gemv_fwd_16", "gemv_bwd_16", "tile_large_m", "deco
 MAX_REGISTERS = 128
 
 
-@pytest.fixture(scope="module")
-def compiled():
+def _run(*args, timeout=900):
+    """stdout of COMPILE_PY *args (skips without the compile environment)."""
     if not COMPILE_PY:
         pytest.skip("no CUDA compile environment: scripts/test.sh makes one where the CUDA "
                     "toolkit's ptxas and libnvvm are installed (PACKLORA_CUDA_COMPILE_PY)")
     env = dict(os.environ, CUDA_HOME=os.environ.get("PACKLORA_CUDA_HOME", "/usr/local/cuda"))
-    proc = subprocess.run([COMPILE_PY, str(BENCH), "--formats", "all", "--kernels",
-                           ",".join(KERNELS)], capture_output=True, text=True, timeout=900,
-                          check=False, env=env)
+    proc = subprocess.run([COMPILE_PY, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, check=False, env=env, cwd=BENCH.parent)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)["kernels"]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    out = _run(BENCH, "--formats", "all", "--kernels", ",".join(KERNELS))
+    return json.loads(out)["kernels"]
 
 
 def test_no_local_memory_or_spills(compiled):
@@ -53,3 +62,43 @@ def test_a_scale_group_reads_its_scales_once(compiled):
         run, group = (compiled[f"{k}/{fmt}"]["ptx_instructions"]
                       for k in ("decode_run", "decode_group"))
         assert group < run, (fmt, group, run)
+
+
+def test_replayed_launches_pass_what_numba_passes():
+    """GEMV forward, backward and row gather at M = 1, the small-M tile forward and backward at
+    M = 16, for a flat, a K-quant and a ggml block format: after the first launch each call is
+    replayed, and cuda.core gets the kernel, grid, block and every parameter Numba's ordinary
+    launch gives it for the same arrays."""
+    rows = json.loads(_run(LAUNCH_HOST, "--rounds", "1", "--reps", "2"))["results"]
+    assert len(rows) == 3 * 5, rows
+    for row in rows:
+        assert row["same_params"] and row["launches"] == row["replays"] == 1, row
+
+
+MISMATCH = textwrap.dedent("""
+    import json, warnings
+    import numpy as np
+    import cuda_launch_host as h
+
+    recorder = h._stub_driver((9, 0))
+    rng = np.random.default_rng(0)
+    w = h._on_stand_in(h.random_packed("q8_0", 64, 256, rng))
+    fwd = h._products(w, 1, "gemv", rng)["fwd"]
+    ours = h.prepared.array_params   # marshalled otherwise than Numba: data pointer + 4
+    h.prepared.array_params = lambda v: [p + 4 * (i == 4) for i, p in enumerate(ours(v))]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, again = (h._launches(recorder, fwd, True) for _ in range(2))
+    h.prepared.array_params = ours
+    ordinary = h._launches(recorder, fwd, False)
+    print(json.dumps({"warnings": [str(c.message) for c in caught
+                                   if "packlora" in str(c.message)], "replays":
+                      recorder.replays, "same": first == again == ordinary}))
+""")
+
+
+def test_a_marshalling_that_differs_keeps_the_ordinary_launch():
+    got = json.loads(_run("-c", MISMATCH, timeout=300))
+    assert got["replays"] == 0 and got["same"], got
+    warned = got["warnings"]
+    assert len(warned) == 1 and "otherwise than packlora replays" in warned[0], got

@@ -290,24 +290,28 @@ def test_gpu_kquants_match_dense(fmt, m):
 
 
 def _gpu_check_products(cp, w, m, rng, what):
-    """Forward and backward of host weight w moved to the GPU against cupy on its dense form."""
+    """Forward and backward of host weight w moved to the GPU against cupy on its dense form,
+    twice: the second call replays the first's launches (kernels/cuda/prepared.py)."""
     from packlora import Device
     from packlora.errors import DeviceError
-    from packlora.kernels.cuda import ops
+    from packlora.kernels.cuda import launch, ops
     n, k = w.shape
     dense = cp.asarray(w.dequantize())                                  # (N, K)
     wd = w.to_device(Device.cuda(0))
-    x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))      # (M, K)
-    dy = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))     # (M, N)
-    y = ops.linear_fwd(x, wd)
-    out = cp.empty((m, k), dtype=cp.float32)
-    dx = ops.linear_bwd(dy, wd, out=out)
-    assert isinstance(y, cp.ndarray) and dx is out
+    for call in ("first", "replayed"):
+        x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))      # (M, K)
+        dy = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))     # (M, N)
+        y = ops.linear_fwd(x, wd)
+        out = cp.empty((m, k), dtype=cp.float32)
+        dx = ops.linear_bwd(dy, wd, out=out)
+        assert isinstance(y, cp.ndarray) and dx is out
+        for got, ref in [(y, x @ dense.T), (dx, dy @ dense)]:
+            err = float(cp.abs(got - ref).max() / cp.abs(ref).max())
+            assert err < 1e-4, f"{what} M={m}, {call} call: rel err {err}"
+    kernels = launch._kept(wd, cp).prepared
+    assert kernels and all(p is not None for p in kernels.values()), (what, kernels)
     with pytest.raises(DeviceError, match="w.to_device"):
         ops.linear_fwd(x, w)                                            # w still on the host
-    for got, ref in [(y, x @ dense.T), (dx, dy @ dense)]:
-        err = float(cp.abs(got - ref).max() / cp.abs(ref).max())
-        assert err < 1e-4, f"{what} M={m}: rel err {err}"
 
 
 @pytest.mark.gpu

@@ -7,10 +7,12 @@ format's decoder, not all of them (what that saves in registers and code: bench/
 
 At small M a launch's host cost exceeds its kernel's time on a GPU (0.4-0.8 ms per call on an
 H200, against 0.04-0.2 ms for cuBLAS): wrapping each cupy array for Numba makes a device array,
-a memory pointer and a stream object. So a weight's kernel arguments are made once and kept
-with it (`weight_args`, rebuilt only when one of its buffers is replaced), the Numba stream of
-cupy's current stream is made once, and an array's wrapper skips the stream of its interface
-(the launch names the stream itself)."""
+a memory pointer and a stream object, and Numba types and marshals every argument. So a
+weight's kernel arguments are made once and kept with it (`weight_args`, rebuilt only when one
+of its buffers is replaced), the stream handles of cupy's current stream are made once, an
+array's wrapper skips the stream of its interface (the launch names the stream itself), and
+after a first ordinary launch per kernel and argument types, launches are replayed without
+Numba's per-call work (prepared.py; bench/cuda_launch_host.py measures the host side)."""
 import weakref
 
 import numpy as np
@@ -20,11 +22,16 @@ from ...errors import QuantError
 from ...quant.packed import array_module
 from ...quant.registry import FLAT
 from ..format_ids import FORMAT_IDS, checked_format
+from . import prepared
 
 try:  # without cupy only host arrays are launched (the simulator)
     import cupy
 except ImportError:
     cupy = None
+
+
+# Off: every GPU launch takes Numba's ordinary path (bench/kernels_cuda.py times both).
+PREPARED_LAUNCHES = True
 
 
 def is_cupy(a):
@@ -38,8 +45,7 @@ def launch(build, grid, block, args, w, result=1):
     kept = _kept(w, array_module(out))
     kernel, wargs = build(*kept.spec), kept.args
     if is_cupy(out):
-        head = [_device_view(v) if is_cupy(v) else v for v in args]
-        kernel[grid, block, _stream()](*head, *wargs)
+        _launch_gpu(kernel, grid, block, args, kept)
         return
     # numpy (simulator, or host arrays on a GPU): explicit copies, so read-only inputs are
     # never written back; only the result is copied to the host.
@@ -47,6 +53,27 @@ def launch(build, grid, block, args, w, result=1):
             for v in [*args, *wargs]]
     kernel[grid, block](*args)
     args[result].copy_to_host(out)
+
+
+def _launch_gpu(kernel, grid, block, args, kept):
+    """kernel[grid, block](*args, *kept.args) on cupy's current stream: replayed (prepared.py)
+    after a first ordinary launch for these argument types, unless PREPARED_LAUNCHES is off."""
+    numba_stream, core_stream = _stream()
+    if not PREPARED_LAUNCHES:
+        kernel[grid, block, numba_stream](*_views(args), *kept.args)
+        return
+    key = (kernel, prepared.signature(args))
+    if key not in kept.prepared:
+        kept.prepared[key] = prepared.first_launch(kernel, grid, block, numba_stream, args,
+                                                   _views(args), kept.args)
+    elif kept.prepared[key] is None:
+        kernel[grid, block, numba_stream](*_views(args), *kept.args)
+    else:
+        kept.prepared[key](core_stream, grid, block, args)
+
+
+def _views(args):
+    return [_device_view(v) if is_cupy(v) else v for v in args]
 
 
 class _WeightArgs:
@@ -57,6 +84,7 @@ class _WeightArgs:
         self.key = key
         self.spec = spec
         self.args = args
+        self.prepared = {}  # (kernel, argument signature) -> prepared.Prepared or None
 
 
 _WEIGHT_ARGS = weakref.WeakKeyDictionary()   # PackedWeight -> _WeightArgs
@@ -119,11 +147,13 @@ _STREAMS = {}
 
 
 def _stream():
-    """Numba's handle on cupy's current stream: launching there orders the kernel after the
-    work that made its inputs, so the interface import needs no extra synchronisation."""
+    """Numba's and cuda.core's handles on cupy's current stream: launching there orders the
+    kernel after the work that made its inputs, so the interface import needs no extra
+    synchronisation."""
     key = (_where(cupy), cupy.cuda.get_current_stream().ptr)
     if key not in _STREAMS:
-        _STREAMS[key] = cuda.external_stream(key[1])
+        numba_stream = cuda.external_stream(key[1])
+        _STREAMS[key] = (numba_stream, prepared.core_stream(numba_stream))
     return _STREAMS[key]
 
 
