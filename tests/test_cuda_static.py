@@ -78,19 +78,20 @@ def test_replayed_launches_pass_what_numba_passes():
 MISMATCH = textwrap.dedent("""
     import json, warnings
     import numpy as np
-    import cuda_launch_host as h
+    from cuda_stubs import on_stand_in, prepared, stub_driver
+    from cuda_launch_host import launches, products, random_packed
 
-    recorder = h._stub_driver((9, 0))
+    recorder = stub_driver((9, 0))
     rng = np.random.default_rng(0)
-    w = h._on_stand_in(h.random_packed("q8_0", 64, 256, rng))
-    fwd = h._products(w, 1, "gemv", rng)["fwd"]
-    ours = h.prepared.array_params   # marshalled otherwise than Numba: data pointer + 4
-    h.prepared.array_params = lambda v: [p + 4 * (i == 4) for i, p in enumerate(ours(v))]
+    w = on_stand_in(random_packed("q8_0", 64, 256, rng))
+    fwd = products(w, 1, "gemv", rng)["fwd"]
+    ours = prepared.array_params   # marshalled otherwise than Numba: data pointer + 4
+    prepared.array_params = lambda v: [p + 4 * (i == 4) for i, p in enumerate(ours(v))]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        first, again = (h._launches(recorder, fwd, True) for _ in range(2))
-    h.prepared.array_params = ours
-    ordinary = h._launches(recorder, fwd, False)
+        first, again = (launches(recorder, fwd, True) for _ in range(2))
+    prepared.array_params = ours
+    ordinary = launches(recorder, fwd, False)
     print(json.dumps({"warnings": [str(c.message) for c in caught
                                    if "packlora" in str(c.message)], "replays":
                       recorder.replays, "same": first == again == ordinary}))

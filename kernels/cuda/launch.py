@@ -64,9 +64,12 @@ def _launch_gpu(kernel, grid, block, args, kept):
         return
     key = (kernel, prepared.signature(args))
     if key not in kept.prepared:
-        kept.prepared[key] = prepared.first_launch(kernel, grid, block, numba_stream, args,
-                                                   _views(args), kept.args)
-    elif kept.prepared[key] is None:
+        if all(isinstance(v, int) or is_cupy(v) for v in args):
+            kept.prepared[key] = prepared.first_launch(kernel, grid, block, numba_stream, args,
+                                                       _views(args), kept.args)
+            return
+        kept.prepared[key] = None  # host arrays among them: Numba copies them each launch
+    if kept.prepared[key] is None:
         kernel[grid, block, numba_stream](*_views(args), *kept.args)
     else:
         kept.prepared[key](core_stream, grid, block, args)
