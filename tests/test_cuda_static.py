@@ -67,8 +67,8 @@ def test_a_scale_group_reads_its_scales_once(compiled):
 def test_replayed_launches_pass_what_numba_passes():
     """GEMV forward, backward and row gather at M = 1, the small-M tile forward and backward at
     M = 16, for a flat, a K-quant and a ggml block format: after the first launch each call is
-    replayed, and cuda.core gets the kernel, grid, block and every parameter Numba's ordinary
-    launch gives it for the same arrays."""
+    replayed, and cuda.core gets the stream, grid, block, options, kernel and every parameter
+    Numba's ordinary launch gives it for the same arrays."""
     rows = json.loads(_run(LAUNCH_HOST, "--rounds", "1", "--reps", "2"))["results"]
     assert len(rows) == 3 * 5, rows
     for row in rows:
