@@ -137,8 +137,9 @@ def test_gather_rows(fmt, dq):
     out = gather_rows(w, rows, np.empty((5, 96), np.float32))
     np.testing.assert_array_equal(out, w.dequantize()[rows])
     assert gather_rows(w, rows[:0], np.empty((0, 96), np.float32)).shape == (0, 96)
-    with pytest.raises(QuantError, match="out of range"):
-        gather_rows(w, np.array([11]), np.empty((1, 96), np.float32))
+    for bad in ([11], [3, -1]):
+        with pytest.raises(QuantError, match="out of range"):
+            gather_rows(w, np.array(bad), np.empty((len(bad), 96), np.float32))
 
 
 def test_bad_shapes_name_the_tensor():
