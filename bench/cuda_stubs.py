@@ -44,9 +44,6 @@ class ndarray:  # noqa: N801  (cupy's name)
     def reshape(self, *shape):
         return ndarray(self._a.reshape(*shape))
 
-    def __getitem__(self, key):
-        return ndarray(self._a[key])
-
     def __setitem__(self, key, value):
         self._a[key] = value
 

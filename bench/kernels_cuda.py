@@ -77,26 +77,15 @@ def _rel(cp, got, ref):
 _REFS = ("deq_cublas", "dense")
 
 
-def _small_m(gemv_max, call):
-    """`call` with the GEMV kernels taking M <= gemv_max (0: the fused tile for every M)."""
+def _with(module, name, value, call):
+    """`call` with module.<name> set to value meanwhile."""
     def run():
-        saved = cuda_ops.GEMV_MAX_M
-        cuda_ops.GEMV_MAX_M = gemv_max
+        saved = getattr(module, name)
+        setattr(module, name, value)
         try:
             return call()
         finally:
-            cuda_ops.GEMV_MAX_M = saved
-    return run
-
-
-def _ordinary(call):
-    """`call` with packlora's prepared launches off (kernels/cuda/prepared.py)."""
-    def run():
-        cuda_launch.PREPARED_LAUNCHES = False
-        try:
-            return call()
-        finally:
-            cuda_launch.PREPARED_LAUNCHES = True
+            setattr(module, name, saved)
     return run
 
 
@@ -117,10 +106,11 @@ def bench(cp, dev, fmt, n, k, ms, reps, rng):
         bwd = {"packed": lambda: linear_bwd(dy, w, device=dev),
                "deq_cublas": lambda: dy @ deq(), "dense": lambda: dy @ dense}
         if m <= cuda_ops.FUSED_MAX_M:  # both small-M kernels, whichever the default picks
-            for side, gemv_max in (("gemv", m), ("tile", 0)):
-                fwd[side] = _small_m(gemv_max, fwd["packed"])
-                bwd[side] = _small_m(gemv_max, bwd["packed"])
-            fwd["ordinary"], bwd["ordinary"] = _ordinary(fwd["packed"]), _ordinary(bwd["packed"])
+            for calls in (fwd, bwd):  # GEMV_MAX_M 0: the fused tile for every M
+                for side, gemv_max in (("gemv", m), ("tile", 0)):
+                    calls[side] = _with(cuda_ops, "GEMV_MAX_M", gemv_max, calls["packed"])
+                calls["ordinary"] = _with(cuda_launch, "PREPARED_LAUNCHES", False,
+                                          calls["packed"])  # Numba's launch (prepared.py)
         err = max([_rel(cp, fwd[s](), x @ dense.T) for s in fwd if s not in _REFS]
                   + [_rel(cp, bwd[s](), dy @ dense) for s in bwd if s not in _REFS])
         fwd, bwd = _turns(cp, fwd, reps), _turns(cp, bwd, reps)

@@ -2,9 +2,8 @@
 
 `decode_run` takes any run; `decode_group` a run inside one scale group (the hot loops: runs of
 `cnt` values at multiples of cnt where `grouped` holds), which reads its block's scales once
-instead of once per value. Kernels pass fmt
-and dq as constants of their own (launch.py builds one per format), so the compiled decode
-keeps only that format's branch."""
+instead of once per value. Kernels pass fmt and dq as constants of their own (launch.py builds
+one per format), so the compiled decode keeps only that format's branch."""
 
 from numba import cuda, float32, int32
 

@@ -170,10 +170,3 @@ def block_affine(q, q16, base, j, fmt):
     low = (int32(q[base + Q3_SC + (i & 7)]) >> (4 * (i >> 3))) & 15
     sc = low | (((int32(q[base + Q3_SC + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3) << 4)
     return f16_at(q16, base + Q3_D) * float32(sc - 32), zero
-
-
-@cuda.jit(device=True, cache=True)
-def block_value(q, q16, base, j, fmt):
-    """Value j of the block of format `fmt` whose bytes start at q[base]."""
-    s, o = block_affine(q, q16, base, j, fmt)
-    return block_code(q, q16, base, j, fmt) * s + o

@@ -59,20 +59,19 @@ def _launch_gpu(kernel, grid, block, args, kept):
     """kernel[grid, block](*args, *kept.args) on cupy's current stream: replayed (prepared.py)
     after a first ordinary launch for these argument types, unless PREPARED_LAUNCHES is off."""
     numba_stream, core_stream = _stream()
-    if not PREPARED_LAUNCHES:
-        kernel[grid, block, numba_stream](*_views(args), *kept.args)
-        return
-    key = (kernel, prepared.signature(args))
-    if key not in kept.prepared:
-        if all(isinstance(v, int) or is_cupy(v) for v in args):
-            kept.prepared[key] = prepared.first_launch(kernel, grid, block, numba_stream, args,
-                                                       _views(args), kept.args)
+    if PREPARED_LAUNCHES:
+        key = (kernel, prepared.signature(args))
+        replay = kept.prepared.get(key)
+        if replay is not None:
+            replay(core_stream, grid, block, args)
             return
-        kept.prepared[key] = None  # host arrays among them: Numba copies them each launch
-    if kept.prepared[key] is None:
-        kernel[grid, block, numba_stream](*_views(args), *kept.args)
-    else:
-        kept.prepared[key](core_stream, grid, block, args)
+        if key not in kept.prepared:
+            if all(isinstance(v, int) or is_cupy(v) for v in args):
+                kept.prepared[key] = prepared.first_launch(kernel, grid, block, numba_stream,
+                                                           args, _views(args), kept.args)
+                return
+            kept.prepared[key] = None  # host arrays among them: Numba copies them each launch
+    kernel[grid, block, numba_stream](*_views(args), *kept.args)
 
 
 def _views(args):
