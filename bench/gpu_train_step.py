@@ -3,11 +3,13 @@
 Writes a random Hugging Face folder of a model's shape (float16; one layer's random matrices
 repeated in every layer, so writing 7B takes seconds, not minutes), then runs
 packlora.memory.measure on `device: cuda` (NF4 + double quantization, LoRA on every linear
-layer): one warm-up step, then `--steps` measured ones. The peak is cupy's pool, sampled at
-every tracked allocation; the plan is memory-report's.
+layer): one warm-up step, then `--steps` measured ones, for each of `--precisions` in turn
+(float32; tf32: the run's `tf32: true`, cuBLAS on TF32 tensor cores), each from a fresh load.
+The peak is cupy's pool, sampled at every tracked allocation; the plan is memory-report's.
+Prints a JSON list, one object per precision.
 
 Usage: python bench/gpu_train_step.py --model smollm2|llama7b --out DIR [--layers N] [--steps 2]
-       [--device cuda:0]
+       [--precisions float32,tf32] [--device cuda:0]
 """
 import argparse
 import json
@@ -72,14 +74,36 @@ def write_model(folder, name, layers):
     return cfg
 
 
+def _summary(rep, tokens):
+    """Step time, tokens/s and the peaks of one memory.measure report, against its plan."""
+    m, plan = rep["measured"], rep["plan"]
+    step, proc = m["step_time_s"], m["process_peak_bytes"]
+    return {
+        "step_time_s": round(step, 4), "tokens_per_s": round(tokens / step, 1),
+        "plan_peak_mib": round(plan["peak_bytes"] / 2**20, 1),
+        "tracker_peak_mib": round(m["peak_bytes"] / 2**20, 1),
+        "process_peak_mib": None if proc is None else round(proc / 2**20, 1),
+        "process_measure": m["process_measure"],
+        "plan_vs_process_pct": (None if not proc else round(
+            100 * (plan["peak_bytes"] - proc) / proc, 2)),
+        "plan_error_pct": m["plan_error_pct"],
+        "plan_categories_mib": {c: round(v / 2**20, 1) for c, v in plan["categories"].items()},
+        "measured_categories_mib": {c: round(v / 2**20, 1) for c, v in m["categories"].items()},
+    }
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", choices=sorted(SHAPES), default="smollm2")
     p.add_argument("--out", required=True, help="folder for the random model and data")
     p.add_argument("--layers", type=int, default=0, help="layers (default: the model's)")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--precisions", default="float32", help="float32 and/or tf32, in that order")
     p.add_argument("--device", default="cuda", help="cuda, cuda:N (or cpu, to try the script)")
     args = p.parse_args(argv)
+    precisions = args.precisions.split(",")
+    if not set(precisions) <= {"float32", "tf32"}:
+        p.error(f"--precisions: float32 and/or tf32, got {args.precisions!r}")
     out = Path(args.out)
     t0 = time.perf_counter()
     cfg = write_model(out / args.model, args.model, args.layers)
@@ -92,26 +116,17 @@ def main(argv=None):
            "data": {"train": str(out / "train.jsonl"), "max_seq_len": seq, "format": "text"},
            "train": {"batch_size": batch, "grad_checkpointing": ckpt, "max_steps": 10},
            "output_dir": str(out / "run")}
-    t0 = time.perf_counter()
-    rep = pl.memory.measure(run, steps=args.steps)
-    m, plan = rep["measured"], rep["plan"]
-    step = m["step_time_s"]
-    print(json.dumps({
-        "model": args.model, "layers": cfg["num_hidden_layers"], "rank": rank,
-        "batch": batch, "seq": seq, "grad_checkpointing": ckpt, "write_model_s": round(write_s, 1),
-        "measure_s": round(time.perf_counter() - t0, 1), "step_time_s": round(step, 4),
-        "tokens_per_s": round(batch * seq / step, 1),
-        "plan_peak_mib": round(plan["peak_bytes"] / 2**20, 1),
-        "tracker_peak_mib": round(m["peak_bytes"] / 2**20, 1),
-        "process_peak_mib": (None if m["process_peak_bytes"] is None
-                              else round(m["process_peak_bytes"] / 2**20, 1)),
-        "process_measure": m["process_measure"],
-        "plan_vs_process_pct": (None if not m["process_peak_bytes"] else round(
-            100 * (plan["peak_bytes"] - m["process_peak_bytes"]) / m["process_peak_bytes"], 2)),
-        "plan_error_pct": m["plan_error_pct"],
-        "plan_categories_mib": {c: round(v / 2**20, 1) for c, v in plan["categories"].items()},
-        "measured_categories_mib": {c: round(v / 2**20, 1) for c, v in m["categories"].items()},
-    }, indent=1))
+    results = []
+    for precision in precisions:
+        t0 = time.perf_counter()
+        rep = pl.memory.measure({**run, "tf32": precision == "tf32"}, steps=args.steps)
+        results.append({"model": args.model, "precision": precision,
+                        "layers": cfg["num_hidden_layers"], "rank": rank, "batch": batch,
+                        "seq": seq, "grad_checkpointing": ckpt, "write_model_s": round(write_s, 1),
+                        "measure_s": round(time.perf_counter() - t0, 1),
+                        **_summary(rep, batch * seq)})
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    print(json.dumps(results, indent=1))
     return 0
 
 

@@ -9,9 +9,11 @@ Three ways to the same product, taking turns call by call (CUDA-event times, med
   dense         cuBLAS on a dense W that already exists (the floor: no decode at all);
   gemv, tile    at M <= 16, each of the two small-M kernels, whichever `packed` picks;
   ordinary      at M <= 16, `packed` with every launch through Numba's ordinary path (typing
-                and marshalling each argument; packlora replays a prepared launch instead).
-All float32 (cuBLAS sgemm). Weights are random codes with small scales (timing does not depend
-on the values); each result is checked against the dense product.
+                and marshalling each argument; packlora replays a prepared launch instead);
+  *_tf32        at M > 16, packed and deq_cublas with TF32 tensor cores allowed (cupy's
+                float32 compute type, Device.set_tf32): cuBLAS on both sides at that precision.
+Otherwise float32 (cuBLAS). Weights are random codes with small scales (timing does not depend
+on the values); each result is checked against the dense float32 product.
 
 Usage: python bench/kernels_cuda.py [--formats nf4+dq,q4_k,q8_0] [--ms 1,16,512,4096] [--reps 10]
 """
@@ -74,7 +76,8 @@ def _rel(cp, got, ref):
     return float(cp.abs(got - ref).max() / cp.abs(ref).max())
 
 
-_REFS = ("deq_cublas", "dense")
+_REFS = ("deq_cublas", "dense", "deq_cublas_tf32")
+_TF32 = ("packed_tf32", "deq_cublas_tf32")
 
 
 def _with(module, name, value, call):
@@ -87,6 +90,46 @@ def _with(module, name, value, call):
         finally:
             setattr(module, name, saved)
     return run
+
+
+def _tf32(dev, call):
+    """`call` with TF32 tensor cores allowed meanwhile."""
+    def run():
+        dev.set_tf32(True)
+        try:
+            return call()
+        finally:
+            dev.set_tf32(False)
+    return run
+
+
+def _sides(cp, dev, m, fwd, bwd):
+    """Add the variants of `packed` (and TF32 deq_cublas) that M calls for."""
+    for calls in (fwd, bwd):
+        if m <= cuda_ops.FUSED_MAX_M:  # both small-M kernels, whichever the default picks
+            for side, gemv_max in (("gemv", m), ("tile", 0)):  # GEMV_MAX_M 0: always the tile
+                calls[side] = _with(cuda_ops, "GEMV_MAX_M", gemv_max, calls["packed"])
+            calls["ordinary"] = _with(cuda_launch, "PREPARED_LAUNCHES", False,
+                                      calls["packed"])  # Numba's launch (prepared.py)
+        elif int(cp.cuda.Device(dev.index).compute_capability) >= 80:  # TF32 tensor cores
+            for side in ("packed", "deq_cublas"):
+                calls[f"{side}_tf32"] = _tf32(dev, calls[side])
+
+
+def _ratios(name, t):
+    """{key: value} of one direction's timings t = {side: (median, best, host median)}."""
+    row = {f"{name}_{side}_ms": round(t[side][0] * 1e3, 4) for side in t}
+    row.update({f"{name}_{side}_host_ms": round(t[side][2] * 1e3, 4) for side in t})
+    row[f"{name}_vs_deq_cublas"] = round(t["packed"][0] / t["deq_cublas"][0], 3)
+    for side in ("gemv", "tile", "ordinary"):
+        if side in t:
+            row[f"{name}_{side}_vs_deq_cublas"] = round(t[side][0] / t["deq_cublas"][0], 3)
+    if "packed_tf32" in t:
+        row[f"{name}_tf32_vs_deq_cublas_tf32"] = round(t["packed_tf32"][0]
+                                                       / t["deq_cublas_tf32"][0], 3)
+        row[f"{name}_tf32_speedup"] = round(t["packed"][0] / t["packed_tf32"][0], 3)
+    row[f"{name}_vs_dense"] = round(t["packed"][0] / t["dense"][0], 3)
+    return row
 
 
 def bench(cp, dev, fmt, n, k, ms, reps, rng):
@@ -105,25 +148,16 @@ def bench(cp, dev, fmt, n, k, ms, reps, rng):
                "deq_cublas": lambda: x @ deq().T, "dense": lambda: x @ dense.T}
         bwd = {"packed": lambda: linear_bwd(dy, w, device=dev),
                "deq_cublas": lambda: dy @ deq(), "dense": lambda: dy @ dense}
-        if m <= cuda_ops.FUSED_MAX_M:  # both small-M kernels, whichever the default picks
-            for calls in (fwd, bwd):  # GEMV_MAX_M 0: the fused tile for every M
-                for side, gemv_max in (("gemv", m), ("tile", 0)):
-                    calls[side] = _with(cuda_ops, "GEMV_MAX_M", gemv_max, calls["packed"])
-                calls["ordinary"] = _with(cuda_launch, "PREPARED_LAUNCHES", False,
-                                          calls["packed"])  # Numba's launch (prepared.py)
-        err = max([_rel(cp, fwd[s](), x @ dense.T) for s in fwd if s not in _REFS]
-                  + [_rel(cp, bwd[s](), dy @ dense) for s in bwd if s not in _REFS])
+        _sides(cp, dev, m, fwd, bwd)
+
+        def err(sides):  # against the dense float32 products
+            return max([_rel(cp, fwd[s](), x @ dense.T) for s in sides]
+                       + [_rel(cp, bwd[s](), dy @ dense) for s in sides])
+        row = {"M": m, "max_rel_err": err([s for s in fwd if s not in _REFS + _TF32])}
+        if "packed_tf32" in fwd:
+            row["max_rel_err_tf32"] = err(_TF32)
         fwd, bwd = _turns(cp, fwd, reps), _turns(cp, bwd, reps)
-        row = {"M": m, "max_rel_err": err}
-        for name, t in (("fwd", fwd), ("bwd", bwd)):
-            row.update({f"{name}_{side}_ms": round(t[side][0] * 1e3, 4) for side in t})
-            row.update({f"{name}_{side}_host_ms": round(t[side][2] * 1e3, 4) for side in t})
-            row[f"{name}_vs_deq_cublas"] = round(t["packed"][0] / t["deq_cublas"][0], 3)
-            for side in ("gemv", "tile", "ordinary"):
-                if side in t:
-                    row[f"{name}_{side}_vs_deq_cublas"] = round(t[side][0] / t["deq_cublas"][0],
-                                                                3)
-            row[f"{name}_vs_dense"] = round(t["packed"][0] / t["dense"][0], 3)
+        row.update({**_ratios("fwd", fwd), **_ratios("bwd", bwd)})
         rows.append(row)
     return rows
 
@@ -154,7 +188,8 @@ def main(argv=None):
                 print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     props = cp.cuda.runtime.getDeviceProperties(0)
     print(json.dumps({"device": props["name"].decode(), "scratch_mib": dev.scratch_cap >> 20,
-                      "precision": "float32 (cuBLAS sgemm)", "results": results}, indent=1))
+                      "precision": "float32 (cuBLAS); *_tf32 sides: TF32 tensor cores",
+                      "results": results}, indent=1))
     return 0
 
 

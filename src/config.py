@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from .config_errors import format_errors, section_model, suggest
+from .config_yaml import StrictLoader, read_yaml
 from .device import DEFAULT_SCRATCH_MIB
 from .errors import ConfigError
 from .quant import FORMATS
@@ -250,6 +251,7 @@ class RunConfig(_Section):
     overwrite: bool = False
     # dense scratch cap of the packed kernels; unset: the device's default (DEFAULT_SCRATCH_MIB)
     scratch_mib: Int | None = Field(None, ge=1, le=4096)
+    tf32: bool = False  # GPU float32 products on TF32 tensor cores (Device.set_tf32)
     output_dir: str = Field("runs/run", min_length=1)
 
     @field_validator("device")
@@ -260,9 +262,13 @@ class RunConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _device_scratch(self) -> RunConfig:
+    def _device_settings(self) -> RunConfig:
+        kind = self.device.split(":")[0]
         if self.scratch_mib is None:
-            self.scratch_mib = DEFAULT_SCRATCH_MIB[self.device.split(":")[0]]
+            self.scratch_mib = DEFAULT_SCRATCH_MIB[kind]
+        if self.tf32 and kind == "cpu":
+            raise ValueError("tf32: needs device cuda (TF32 is a tensor-core format of NVIDIA "
+                             "GPUs; the CPU computes in float32)")
         return self
 
     @field_validator("resume")
@@ -288,50 +294,7 @@ def _compile(pattern: str) -> None:
         raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
 
 
-# ----------------------------------------------------------------------------- YAML + overrides
-
-def _yaml():
-
-    class StrictLoader(yaml.SafeLoader):
-        """SafeLoader that rejects duplicate keys instead of keeping the last one."""
-
-    def construct_mapping(loader, node, deep=False):
-        loader.flatten_mapping(node)
-        seen = set()
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
-        return yaml.SafeLoader.construct_mapping(loader, node, deep)
-
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                                 construct_mapping)
-    return yaml, StrictLoader
-
-
-def read_yaml(path: str | Path) -> dict:
-    """Parse a YAML mapping; malformed YAML raises ConfigError naming file:line:column."""
-    yaml, loader = _yaml()
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=loader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or exc.context
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: malformed YAML: {problem}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: malformed YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
-    return data
-
+# ----------------------------------------------------------------------------------- overrides
 
 def _check_override_key(parts: list, text: str, source: str) -> None:
     """Reject an override whose key path is not in the schema (with a suggestion)."""
@@ -352,7 +315,6 @@ def _check_override_key(parts: list, text: str, source: str) -> None:
 
 def apply_overrides(data: dict, overrides, source: str) -> tuple[dict, dict]:
     """A copy of `data` with `key.path=value` overrides set, and {loc: override} for errors."""
-    yaml, loader = _yaml()
     merged, origins = copy.deepcopy(data), {}
     for text in overrides:
         key, sep, raw = str(text).partition("=")
@@ -361,7 +323,7 @@ def apply_overrides(data: dict, overrides, source: str) -> tuple[dict, dict]:
             raise ConfigError(f"{source}: bad override '{text}': expected key.path=value")
         _check_override_key(parts, text, source)
         try:
-            value = yaml.load(raw, Loader=loader)
+            value = yaml.load(raw, Loader=StrictLoader)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{source}: bad override '{text}': cannot parse value: "
                               f"{getattr(exc, 'problem', exc)}") from None

@@ -1,4 +1,6 @@
 """Device: picks the array backend (numpy or cupy) and owns RNG, memory tracker and scratch."""
+import warnings
+
 import numpy as np
 
 from . import _env  # noqa: F401  (thread-pool settings before numpy/numba load)
@@ -54,6 +56,14 @@ def _state(kind, index):
         xp = np if kind == "cpu" else _load_cupy(index)
         _STATES[key] = _State(kind, xp)
     return _STATES[key]
+
+
+def tf32_enabled(cupy):
+    """Whether cupy's float32 products may use TF32 tensor cores (inputs rounded to a 10-bit
+    mantissa, sums in float32): cupy's own process-wide switch, which CUPY_TF32=1 turns on at
+    start and its matmuls follow. packlora's decoded-tile products follow it too (tiled.py)."""
+    tf32 = cupy._core._routines_linalg.COMPUTE_TYPE_TF32
+    return cupy._core.get_compute_type(np.float32) == tf32
 
 
 def _make_rng(kind, xp, seed):
@@ -148,6 +158,29 @@ class Device:
             rng.state = state
         else:
             rng.bit_generator.state = state
+
+    @property
+    def tf32(self):
+        """Whether float32 products on this device may use TF32 tensor cores (never on a CPU)."""
+        return self.kind == "cuda" and tf32_enabled(self.xp)
+
+    def set_tf32(self, on):
+        """Let float32 products on the GPU (cupy's matmuls and packlora's decoded tiles) use TF32
+        tensor cores, or not; process-wide, as cupy's switch is. A GPU without them (compute
+        capability below 8.0) stays in float32, with a warning."""
+        if self.kind == "cpu":
+            if on:
+                raise DeviceError("tf32 needs a CUDA device: TF32 is a tensor-core format of "
+                                  "NVIDIA GPUs, the CPU computes in float32")
+            return
+        linalg = self.xp._core._routines_linalg
+        with warnings.catch_warnings():  # cupy's own warning on an older GPU: ours says more
+            warnings.simplefilter("ignore")
+            self.xp._core.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32 if on
+                                           else linalg.COMPUTE_TYPE_DEFAULT)
+        if on and not self.tf32:
+            warnings.warn(f"tf32: {self} has no TF32 tensor cores (compute capability below "
+                          "8.0); its products stay float32", stacklevel=2)
 
     def sync(self):
         if self.kind == "cuda":

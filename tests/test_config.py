@@ -153,6 +153,17 @@ def test_section_rules():
     assert "data: missing required key" in error_of(parse_config, {"model": "m"}, source="s")
 
 
+def test_tf32_needs_a_gpu(tmp_path):
+    """TF32 is a GPU tensor-core format: on the CPU it is an error naming the key and the file;
+    on a GPU it is kept (off unless asked)."""
+    assert parse_config(MINIMAL).tf32 is False
+    assert parse_config({**MINIMAL, "device": "cuda:1", "tf32": True}).tf32 is True
+    path = write(tmp_path, "model: m\ndata: {train: t.jsonl}\n")
+    msg = error_of(load_config, path, ["tf32=true"])
+    assert str(path) in msg and "tf32: needs device cuda" in msg and "\n" not in msg
+    assert "tf32: expected true or false" in error_of(parse_config, {**MINIMAL, "tf32": "fast"})
+
+
 def test_python_defaults_standalone():
     lora = LoraConfig(rank=8, alpha=16)
     assert lora.scaling() == 2.0 and lora.targets == ["q_proj", "k_proj", "v_proj", "o_proj"]

@@ -182,3 +182,35 @@ def test_gpu_fine_tune_checkpoint_and_bit_exact_resume(tiny, tmp_path, monkeypat
     assert losses(resumed) == losses(whole)[2:]
     cpu = finetune(cfg(tmp_path / "c", "cpu"), progress=False)
     assert abs(losses(cpu)[0] - losses(whole)[0]) < 1e-3 * abs(losses(cpu)[0])
+
+
+@pytest.mark.gpu
+def test_gpu_tf32_products_follow_cupys_switch():
+    """TF32 on: the decoded-tile products (M > 16, cuBLAS) round their inputs to TF32 as cupy's
+    own matmul then does: close to float32 and not equal to it. Off again: float32 as before."""
+    cp = _cupy()
+    dev = Device.cuda(0)
+    if int(cp.cuda.Device(0).compute_capability) < 80:
+        pytest.skip("no TF32 tensor cores on this GPU (compute capability below 8.0)")
+    rng = np.random.default_rng(3)
+    host = random_packed("q4_k", 300, 1024, rng)
+    w, dense = host.to_device(dev), cp.asarray(host.dequantize())           # dense (N, K)
+    x = cp.asarray(rng.standard_normal((40, 1024)).astype(np.float32))      # (M, K)
+    dy = cp.asarray(rng.standard_normal((40, 300)).astype(np.float32))      # (M, N)
+
+    def products():
+        return (kernels.linear_fwd(x, w, device=dev), kernels.linear_bwd(dy, w, device=dev))
+    f32 = products()
+    try:
+        dev.set_tf32(True)
+        assert dev.tf32
+        tf32, refs = products(), (x @ dense.T, dy @ dense)
+    finally:
+        dev.set_tf32(False)
+    assert not dev.tf32
+    again = products()
+    for got, ref, plain, repeat in zip(tf32, refs, f32, again):
+        scale = float(cp.abs(plain).max())
+        assert float(cp.abs(got - ref).max()) / scale < 5e-3       # TF32 on both sides
+        assert float(cp.abs(got - plain).max()) / scale > 1e-6     # not float32
+        assert float(cp.abs(repeat - plain).max()) / scale < 1e-6  # float32 again

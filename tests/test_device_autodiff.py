@@ -34,6 +34,14 @@ def test_cuda_without_gpu_is_a_clear_error():
         pl.Device.parse("cuda:1")
 
 
+def test_tf32_is_refused_on_the_cpu():
+    cpu = pl.Device.cpu()
+    cpu.set_tf32(False)  # nothing to turn off
+    assert cpu.tf32 is False
+    with pytest.raises(pl.DeviceError, match="tf32 needs a CUDA device"):
+        cpu.autodiff().set_tf32(True)
+
+
 def test_seed_reproducible():
     dev = pl.Device.cpu()
     dev.seed(7)

@@ -5,12 +5,15 @@ device's `dense_scratch` (counted by the memory tracker), the decode a Numba-CUD
 cuBLAS is column-major: a row-major (R, C) array is its (C, R) transpose with leading dim C.
   forward   y[:, n0:n1] = x @ Wt.T    as  y^T[n0:n1] (nb x M, ld N) = Wt (nb x K) . x^T (K x M)
   backward  dx += dy[:, n0:n1] @ Wt   as  dx^T (K x M, ld K) += Wt^T (K x nb) . dy^T (nb x M)
-with Wt = W[n0:n1] (nb, K) decoded into the scratch. Precision is cuBLAS's float32 sgemm."""
+with Wt = W[n0:n1] (nb, K) decoded into the scratch. Precision is cuBLAS's float32, or TF32 on
+tensor cores where cupy's own float32 products use it (Device.set_tf32, CUPY_TF32=1)."""
 import numpy as np
 
+from ...device import tf32_enabled
 from .rows import gather_rows
 
 try:  # cupy's own cuBLAS binding; without cupy this path is never taken
+    from cupy_backends.cuda.api.runtime import CUDA_R_32F
     from cupy_backends.cuda.libs import cublas
 except ImportError:
     cublas = None
@@ -29,11 +32,20 @@ def scratch_elems(n, k, cap_elems):
     return tile_rows(n, k, cap_elems) * k
 
 
-def _handle(cupy):
-    """cupy's cuBLAS handle, bound to its current stream (where the decode kernels run)."""
+def _gemm(cupy):
+    """gemm(transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc): cuBLAS's float32 GEMM of
+    device pointers (C = A.B + beta C, alpha 1) on cupy's handle and current stream (where the
+    decode kernels run), with the compute type cupy's own float32 products use."""
     handle = cupy.cuda.device.get_cublas_handle()
     cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
-    return handle
+    compute = (cublas.CUBLAS_COMPUTE_32F_FAST_TF32 if tf32_enabled(cupy)
+               else cublas.CUBLAS_COMPUTE_32F)
+
+    def gemm(transa, transb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+        cublas.gemmEx(handle, transa, transb, m, n, k, _ONE.ctypes.data, a, CUDA_R_32F, lda,
+                      b, CUDA_R_32F, ldb, beta.ctypes.data, c, CUDA_R_32F, ldc, compute,
+                      cublas.CUBLAS_GEMM_DEFAULT)
+    return gemm
 
 
 def _tiles(w, cupy, scratch, cap_elems):
@@ -52,11 +64,10 @@ def fwd(cupy, x, w, y, scratch, cap_elems):
     """y (M, N) = x (M, K) @ W.T, all cupy float32 C-contiguous."""
     m, k = x.shape
     n = y.shape[1]
-    h = _handle(cupy)
+    gemm = _gemm(cupy)
     for n0, n1, tile in _tiles(w, cupy, scratch, cap_elems):
-        cublas.sgemm(h, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n1 - n0, m, k,
-                     _ONE.ctypes.data, tile.data.ptr, k, x.data.ptr, k,
-                     _ZERO.ctypes.data, y.data.ptr + 4 * n0, n)
+        gemm(cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n1 - n0, m, k, tile.data.ptr, k,
+             x.data.ptr, k, _ZERO, y.data.ptr + 4 * n0, n)
     return y
 
 
@@ -64,10 +75,8 @@ def bwd(cupy, dy, w, dx, scratch, cap_elems):
     """dx (M, K) = dy (M, N) @ W, all cupy float32 C-contiguous."""
     m, n = dy.shape
     k = dx.shape[1]
-    h = _handle(cupy)
+    gemm = _gemm(cupy)
     for n0, n1, tile in _tiles(w, cupy, scratch, cap_elems):
-        beta = _ZERO if n0 == 0 else _ONE
-        cublas.sgemm(h, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, k, m, n1 - n0,
-                     _ONE.ctypes.data, tile.data.ptr, k, dy.data.ptr + 4 * n0, n,
-                     beta.ctypes.data, dx.data.ptr, k)
+        gemm(cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, k, m, n1 - n0, tile.data.ptr, k,
+             dy.data.ptr + 4 * n0, n, _ZERO if n0 == 0 else _ONE, dx.data.ptr, k)
     return dx

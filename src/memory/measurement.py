@@ -55,6 +55,7 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
     dev = Device.parse(run.device).autodiff()
     mem = dev.memory
     dev.set_scratch_cap(run.scratch_mib << 20)  # also drops a scratch an earlier run grew
+    dev.set_tf32(run.tf32)
     dev.seed(run.train.seed)
     tracing_before = dev.kind == "cpu" and __import__("tracemalloc").is_tracing()
     gc.collect()

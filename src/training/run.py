@@ -65,6 +65,7 @@ def _finetune(cfg, progress, world):
     device = Device.parse(cfg.device).autodiff()
     device.seed(cfg.train.seed)
     device.set_scratch_cap(cfg.scratch_mib << 20)
+    device.set_tf32(cfg.tf32)
     model = load_model(cfg.model, device, quant=cfg.quant)
     apply_lora(model, cfg.lora)  # the same initial adapter on every rank
     if world.size > 1:  # then a dropout stream of its own per rank
