@@ -168,8 +168,6 @@ def strip_key(key):
 def load_adapter(model, adapter_dir):
     """Load a PEFT-format adapter (ours or PEFT's) into `model`, applying LoRA if needed."""
     cfg, tensors = read_adapter(adapter_dir)
-    if getattr(model, "base_identity", None):
-        check_base(adapter_dir, model.base_identity)
     weights = {}
     for key, value in tensors.items():
         k = strip_key(key)
@@ -181,6 +179,8 @@ def load_adapter(model, adapter_dir):
         apply_lora(model, lora_config_from_peft(cfg, paths))
     for path in paths:
         _assign(model, path, weights, adapter_dir)
+    if getattr(model, "base_identity", None):  # shapes fit: is it the base it was trained on?
+        check_base(adapter_dir, model.base_identity)
     return model
 
 

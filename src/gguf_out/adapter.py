@@ -89,10 +89,10 @@ def export_gguf_adapter(adapter, out, model=None, outtype="f32"):
     if not model:
         raise ModelError(f"{adapter}: adapter_config.json names no base model; pass --model")
     base = BaseLayout.open(model)
-    deltas.check_base(base_identity(model, base.path, None))
     alpha = written_alpha(deltas)
     tensors = [(n, a.shape, *_encode(a, OUTTYPES[outtype], n))
                for n, a in adapter_tensors(deltas, base, alpha)]
+    deltas.check_base(base_identity(model, base.path, None))  # shapes fit: is it its base?
     kv = [("general.type", "adapter", GGUFValueType.STRING, None),
           ("adapter.type", "lora", GGUFValueType.STRING, None),
           ("adapter.lora.alpha", alpha, GGUFValueType.FLOAT32, None)]

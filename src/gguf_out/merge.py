@@ -142,11 +142,11 @@ def merge_to_gguf(model, adapter, out, quantize_to=None, base_mode=None):
     if deltas.other:
         raise ModelError(f"{adapter}: tensors other than LoRA/DoRA weights ({deltas.other[0]!r})"
                          " are not merged; the adapter is not one packlora wrote")
-    deltas.check_base(base_identity(model, base.path, None))
     if base.gguf is None and quantize_to is None:
         quantize_to = "f16"
     jobs = _plan_jobs(base, deltas, quantize_to, mode)
     _check_jobs(jobs, deltas)
+    deltas.check_base(base_identity(model, base.path, None))  # shapes fit: is it its base?
     kv = gguf_base_kv(base.gguf) if base.gguf else hf_base_kv(base, model)
     kv = file_type_kv(kv, quantize_to) if quantize_to is not None else kv
     plans = [TensorPlan(j.gguf, j.shape, j.out_type) for j in jobs]
