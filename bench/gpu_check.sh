@@ -40,9 +40,9 @@ numba_cuda.__version__, numpy.__version__)" >> "$OUT/gpu.txt" 2>&1
 # --maxfail=3: one failing test does not hide the others' results (the call cannot be repeated)
 stage tests "${TESTS_S:-180}" tests.txt python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
     --maxfail=3 tests/test_cuda_device.py tests/test_kernels_cuda.py tests/test_quant.py
-stage kernels "${KERNELS_S:-130}" kernels_cuda.json python3 bench/kernels_cuda.py \
+stage kernels "${KERNELS_S:-135}" kernels_cuda.json python3 bench/kernels_cuda.py \
     --reps "${REPS:-10}"
-stage smollm2 "${SMOL_S:-90}" train_smollm2.json python3 bench/gpu_train_step.py \
+stage smollm2 "${SMOL_S:-85}" train_smollm2.json python3 bench/gpu_train_step.py \
     --model smollm2 --out /tmp/gpu-models --precisions float32,tf32
 stage llama7b "${LLAMA_S:-180}" train_llama7b.json python3 bench/gpu_train_step.py \
     --model llama7b --out /tmp/gpu-models --layers "${LLAMA_LAYERS:-32}"

@@ -120,7 +120,8 @@ def main(argv=None):
     for precision in precisions:
         t0 = time.perf_counter()
         rep = pl.memory.measure({**run, "tf32": precision == "tf32"}, steps=args.steps)
-        results.append({"model": args.model, "precision": precision,
+        tf32 = pl.Device.parse(args.device).tf32  # what ran: a GPU without TF32 stays float32
+        results.append({"model": args.model, "precision": "tf32" if tf32 else "float32",
                         "layers": cfg["num_hidden_layers"], "rank": rank, "batch": batch,
                         "seq": seq, "grad_checkpointing": ckpt, "write_model_s": round(write_s, 1),
                         "measure_s": round(time.perf_counter() - t0, 1),

@@ -10,8 +10,9 @@ Three ways to the same product, taking turns call by call (CUDA-event times, med
   gemv, tile    at M <= 16, each of the two small-M kernels, whichever `packed` picks;
   ordinary      at M <= 16, `packed` with every launch through Numba's ordinary path (typing
                 and marshalling each argument; packlora replays a prepared launch instead);
-  *_tf32        at M > 16, packed and deq_cublas with TF32 tensor cores allowed (cupy's
-                float32 compute type, Device.set_tf32): cuBLAS on both sides at that precision.
+  *_tf32        at M > 16, packed and deq_cublas again with TF32 tensor cores on (cupy's
+                float32 compute type, Device.set_tf32), taking turns in a pass of their own:
+                cuBLAS on both sides at that precision.
 Otherwise float32 (cuBLAS). Weights are random codes with small scales (timing does not depend
 on the values); each result is checked against the dense float32 product.
 
@@ -76,8 +77,8 @@ def _rel(cp, got, ref):
     return float(cp.abs(got - ref).max() / cp.abs(ref).max())
 
 
-_REFS = ("deq_cublas", "dense", "deq_cublas_tf32")
-_TF32 = ("packed_tf32", "deq_cublas_tf32")
+_REFS = ("deq_cublas", "dense")
+_TF32 = ("packed", "deq_cublas")  # the sides timed again with TF32 on
 
 
 def _with(module, name, value, call):
@@ -92,28 +93,29 @@ def _with(module, name, value, call):
     return run
 
 
-def _tf32(dev, call):
-    """`call` with TF32 tensor cores allowed meanwhile."""
-    def run():
-        dev.set_tf32(True)
-        try:
-            return call()
-        finally:
-            dev.set_tf32(False)
-    return run
+def _small_m_sides(calls, m):
+    """Add both small-M kernels, whichever `packed` picks, and `packed` through Numba's launch."""
+    for side, gemv_max in (("gemv", m), ("tile", 0)):  # GEMV_MAX_M 0: always the tile
+        calls[side] = _with(cuda_ops, "GEMV_MAX_M", gemv_max, calls["packed"])
+    calls["ordinary"] = _with(cuda_launch, "PREPARED_LAUNCHES", False, calls["packed"])
 
 
-def _sides(cp, dev, m, fwd, bwd):
-    """Add the variants of `packed` (and TF32 deq_cublas) that M calls for."""
-    for calls in (fwd, bwd):
-        if m <= cuda_ops.FUSED_MAX_M:  # both small-M kernels, whichever the default picks
-            for side, gemv_max in (("gemv", m), ("tile", 0)):  # GEMV_MAX_M 0: always the tile
-                calls[side] = _with(cuda_ops, "GEMV_MAX_M", gemv_max, calls["packed"])
-            calls["ordinary"] = _with(cuda_launch, "PREPARED_LAUNCHES", False,
-                                      calls["packed"])  # Numba's launch (prepared.py)
-        elif int(cp.cuda.Device(dev.index).compute_capability) >= 80:  # TF32 tensor cores
-            for side in ("packed", "deq_cublas"):
-                calls[f"{side}_tf32"] = _tf32(dev, calls[side])
+def _tf32_pass(cp, dev, fwd, bwd, refs, reps):
+    """(max rel err, fwd times, bwd times) of the _TF32 sides with TF32 tensor cores on for the
+    whole pass (switching it per call would time the switch), named *_tf32."""
+    dev.set_tf32(True)
+    try:
+        err = _max_err(cp, fwd, bwd, refs, _TF32)
+        times = [_turns(cp, {s: calls[s] for s in _TF32}, reps) for calls in (fwd, bwd)]
+    finally:
+        dev.set_tf32(False)
+    return (err, *({f"{s}_tf32": t for s, t in d.items()} for d in times))
+
+
+def _max_err(cp, fwd, bwd, refs, sides):
+    """Largest relative error of `sides` against the dense float32 products refs (fwd, bwd)."""
+    return max([_rel(cp, fwd[s](), refs[0]) for s in sides]
+               + [_rel(cp, bwd[s](), refs[1]) for s in sides])
 
 
 def _ratios(name, t):
@@ -136,6 +138,7 @@ def bench(cp, dev, fmt, n, k, ms, reps, rng):
     w = random_packed(fmt, n, k, rng).to_device(dev)
     dense = cp.empty((n, k), cp.float32)
     dequantize_rows(w, 0, n, dense)                                    # (N, K)
+    tf32 = int(cp.cuda.Device(dev.index).compute_capability) >= 80   # TF32 tensor cores
 
     def deq():
         full = cp.empty((n, k), cp.float32)
@@ -144,21 +147,22 @@ def bench(cp, dev, fmt, n, k, ms, reps, rng):
     for m in ms:
         x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32))   # (M, K)
         dy = cp.asarray(rng.standard_normal((m, n), dtype=np.float32))  # (M, N)
+        refs = (x @ dense.T, dy @ dense)                                # float32
         fwd = {"packed": lambda: linear_fwd(x, w, device=dev),
                "deq_cublas": lambda: x @ deq().T, "dense": lambda: x @ dense.T}
         bwd = {"packed": lambda: linear_bwd(dy, w, device=dev),
                "deq_cublas": lambda: dy @ deq(), "dense": lambda: dy @ dense}
-        _sides(cp, dev, m, fwd, bwd)
-
-        def err(sides):  # against the dense float32 products
-            return max([_rel(cp, fwd[s](), x @ dense.T) for s in sides]
-                       + [_rel(cp, bwd[s](), dy @ dense) for s in sides])
-        row = {"M": m, "max_rel_err": err([s for s in fwd if s not in _REFS + _TF32])}
-        if "packed_tf32" in fwd:
-            row["max_rel_err_tf32"] = err(_TF32)
-        fwd, bwd = _turns(cp, fwd, reps), _turns(cp, bwd, reps)
-        row.update({**_ratios("fwd", fwd), **_ratios("bwd", bwd)})
-        rows.append(row)
+        if m <= cuda_ops.FUSED_MAX_M:
+            _small_m_sides(fwd, m)
+            _small_m_sides(bwd, m)
+        row = {"M": m, "max_rel_err": _max_err(cp, fwd, bwd, refs,
+                                                [s for s in fwd if s not in _REFS])}
+        t_fwd, t_bwd = _turns(cp, fwd, reps), _turns(cp, bwd, reps)
+        if m > cuda_ops.FUSED_MAX_M and tf32:
+            row["max_rel_err_tf32"], tf_fwd, tf_bwd = _tf32_pass(cp, dev, fwd, bwd, refs, reps)
+            t_fwd.update(tf_fwd)
+            t_bwd.update(tf_bwd)
+        rows.append({**row, **_ratios("fwd", t_fwd), **_ratios("bwd", t_bwd)})
     return rows
 
 
@@ -175,6 +179,7 @@ def main(argv=None):
         print(json.dumps({"skipped": "no CUDA GPU (cupy and a device are needed)"}))
         return 0
     dev = Device.cuda(0)
+    dev.set_tf32(False)  # float32 unless a side says otherwise, whatever CUPY_TF32 says
     if args.scratch_mib:
         dev.set_scratch_cap(args.scratch_mib << 20)
     rng = np.random.default_rng(0)

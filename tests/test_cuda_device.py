@@ -200,6 +200,7 @@ def test_gpu_tf32_products_follow_cupys_switch():
 
     def products():
         return (kernels.linear_fwd(x, w, device=dev), kernels.linear_bwd(dy, w, device=dev))
+    dev.set_tf32(False)  # whatever CUPY_TF32 says
     f32 = products()
     try:
         dev.set_tf32(True)

@@ -12,10 +12,12 @@ import pytest
 from packlora.adapters import load_adapter
 from packlora.cli import main
 from packlora.device import Device
+from packlora.config import parse_config
 from packlora.errors import ModelError, TrainingError
 from packlora.models import load_model
 from packlora.training import finetune
 from packlora.training.checkpoints import MANIFEST, list_checkpoints
+from packlora.training.fingerprint import check_resume, default_settings, fingerprint
 from packlora.training.metrics import MetricsLog
 from packlora.training.trainer import Trainer
 from safetensors.numpy import load_file, save_file
@@ -131,6 +133,23 @@ def test_resume_refuses_changed_settings_and_data(setup, tmp_path, reference):
     longer["resume_allow"] = ["train.max_steps"]
     res = finetune(longer, progress=False)
     assert [r["step"] for r in res.history] == [5, 6]
+
+
+def test_resume_of_a_checkpoint_older_than_a_setting():
+    """A checkpoint written before a setting existed ran with its default: resuming with the
+    default is no change, with another value it is, and the message says from what."""
+    run = parse_config({"model": "m", "device": "cuda", "data": {"train": "t.jsonl"}})
+    now = fingerprint(run, [])
+    now["settings"]["world_size"] = 1
+    old = json.loads(json.dumps(now))
+    for key in ("tf32", "train.step_in_backward", "world_size"):  # none of them recorded yet
+        del old["settings"][key]
+    check_resume(old, now, defaults=default_settings(run))
+    with pytest.raises(TrainingError, match="tf32: None -> False"):  # without the defaults
+        check_resume(old, now)
+    now["settings"]["tf32"] = True
+    with pytest.raises(TrainingError, match=r"tf32: False -> True.*resume_allow: \[tf32\]"):
+        check_resume(old, now, defaults=default_settings(run))
 
 
 # --- damaged adapters, full disks, unexpected errors ---------------------------------------

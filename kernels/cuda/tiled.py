@@ -35,7 +35,7 @@ def scratch_elems(n, k, cap_elems):
 def _gemm(cupy):
     """gemm(transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc): cuBLAS's float32 GEMM of
     device pointers (C = A.B + beta C, alpha 1) on cupy's handle and current stream (where the
-    decode kernels run), with the compute type cupy's own float32 products use."""
+    decode kernels run); on TF32 tensor cores when cupy's float32 compute type says TF32."""
     handle = cupy.cuda.device.get_cublas_handle()
     cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
     compute = (cublas.CUBLAS_COMPUTE_32F_FAST_TF32 if tf32_enabled(cupy)

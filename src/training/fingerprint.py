@@ -44,18 +44,27 @@ def fingerprint(config, examples):
             "data": data_digest(examples)}
 
 
-def check_resume(saved, current, allow=(), where="checkpoint"):
+def default_settings(config):
+    """The settings a config of this kind holds by default (a dict config: none), and one
+    process: what a checkpoint ran with that was written before a setting existed."""
+    defaults = settings(type(config).model_construct()) if hasattr(config, "model_dump") else {}
+    return {**defaults, "world_size": 1}
+
+
+def check_resume(saved, current, allow=(), where="checkpoint", defaults=None):
     """TrainingError naming every difference between the checkpoint's fingerprint and this run's,
-    except keys listed in `allow` (a key path, or 'data' for the training data)."""
+    except keys listed in `allow` (a key path, or 'data' for the training data). A setting the
+    checkpoint does not record (newer than it) counts as its value in `defaults`."""
     if not saved or not current:
         return  # a checkpoint from before fingerprints: nothing to compare
-    allow = set(allow)
+    allow, defaults = set(allow), defaults or {}
     changed = {}  # key -> what changed
     old, new = saved.get("settings"), current.get("settings")
     if old is not None and new is not None:
         for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key) and key not in allow:
-                changed[key] = f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+            before = old[key] if key in old else defaults.get(key)
+            if before != new.get(key) and key not in allow:
+                changed[key] = f"{key}: {before!r} -> {new.get(key)!r}"
     a, b = saved.get("data") or {}, current.get("data") or {}
     if a != b and "data" not in allow:
         changed["data"] = (f"the training data: {a.get('count')} examples (sha256 "

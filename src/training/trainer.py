@@ -9,7 +9,7 @@ from ..data import Batches
 from ..errors import TrainingError
 from .checkpoints import load_checkpoint, resume_candidates, save_checkpoint
 from .distributed import World, check_global_batch
-from .fingerprint import check_resume, fingerprint
+from .fingerprint import check_resume, default_settings, fingerprint
 from .metrics import MetricsLog, Progress
 from .optim import AdamW, clip_grad_norm
 from .schedule import Schedule
@@ -42,9 +42,10 @@ class Trainer:
         self.model, self.cfg, self.valid = model, cfg, valid
         self.world = world if world is not None else World()
         # what resume compares: the whole run's settings when given (else the train section)
-        self.fingerprint = fingerprint(run_config if run_config is not None else cfg,
-                                       train_examples)
+        compared = run_config if run_config is not None else cfg
+        self.fingerprint = fingerprint(compared, train_examples)
         self.fingerprint["settings"]["world_size"] = self.world.size
+        self.setting_defaults = default_settings(compared)
         self.resume_allow = tuple(getattr(run_config, "resume_allow", ()) or ())
         self.output_dir, self.pad_id = output_dir, pad_id
         self.device = model.device
@@ -120,7 +121,8 @@ class Trainer:
                 continue
             for note in notes:
                 log(note)
-            check_resume(state.get("fingerprint"), self.fingerprint, self.resume_allow, path)
+            check_resume(state.get("fingerprint"), self.fingerprint, self.resume_allow, path,
+                         self.setting_defaults)
             self._resumed_state = state
             self._apply_state(state)
             return path
