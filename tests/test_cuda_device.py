@@ -215,3 +215,25 @@ def test_gpu_tf32_products_follow_cupys_switch():
         assert float(cp.abs(got - ref).max()) / scale < 5e-3       # TF32 on both sides
         assert float(cp.abs(got - plain).max()) / scale > 1e-6     # not float32
         assert float(cp.abs(repeat - plain).max()) / scale < 1e-6  # float32 again
+
+
+@pytest.mark.gpu
+def test_gpu_fine_tune_with_tf32(tiny, tmp_path):
+    """`tf32: true` in a run: its cuBLAS products on TF32 tensor cores, so losses that differ
+    from the float32 run's, but little; the switch left as the run set it."""
+    cp = _cupy()
+    if int(cp.cuda.Device(0).compute_capability) < 80:
+        pytest.skip("no TF32 tensor cores on this GPU (compute capability below 8.0)")
+
+    def cfg(out, tf32):
+        c = run_cfg(tiny, out, max_steps=3)
+        c.update(device="cuda", tf32=tf32)
+        return c
+    try:
+        f32 = losses(finetune(cfg(tmp_path / "f", False), progress=False))
+        tf32 = losses(finetune(cfg(tmp_path / "t", True), progress=False))
+        assert Device.cuda(0).tf32
+    finally:
+        Device.cuda(0).set_tf32(False)
+    assert tf32 != f32
+    assert all(abs(a - b) < 1e-2 * abs(a) for a, b in zip(f32, tf32))
