@@ -9,9 +9,9 @@ import numpy as np
 from ..adapters import apply_lora
 from ..config import resolve_config
 from ..data.example import Example
-from ..device import Device
 from ..models import load_model
 from ..tracker import CATEGORIES, reset_rss_peak, rss_now, rss_peak
+from ..training.run import run_device
 from ..training.trainer import Trainer
 from .inputs import plan_inputs
 from .planner import plan_from_inputs
@@ -52,11 +52,8 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
     import matplotlib  # imported before tracing: the trainer's loss plot must not count
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
-    dev = Device.parse(run.device).autodiff()
+    dev = run_device(run)
     mem = dev.memory
-    dev.set_scratch_cap(run.scratch_mib << 20)  # also drops a scratch an earlier run grew
-    dev.set_tf32(run.tf32)
-    dev.seed(run.train.seed)
     tracing_before = dev.kind == "cpu" and __import__("tracemalloc").is_tracing()
     gc.collect()
     mem.start_process_measure()
