@@ -14,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -261,14 +262,18 @@ class RunConfig(_Section):
             raise ValueError(f"expected 'cpu', 'cuda' or 'cuda:N', got {value!r}")
         return value
 
+    @field_validator("tf32")
+    @classmethod
+    def _tf32_on_a_gpu(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("device") == "cpu":  # (a bad device is its own error)
+            raise ValueError("needs device cuda (TF32 is a tensor-core format of NVIDIA GPUs; "
+                             "the CPU computes in float32)")
+        return value
+
     @model_validator(mode="after")
-    def _device_settings(self) -> RunConfig:
-        kind = self.device.split(":")[0]
+    def _device_scratch(self) -> RunConfig:
         if self.scratch_mib is None:
-            self.scratch_mib = DEFAULT_SCRATCH_MIB[kind]
-        if self.tf32 and kind == "cpu":
-            raise ValueError("tf32: needs device cuda (TF32 is a tensor-core format of NVIDIA "
-                             "GPUs; the CPU computes in float32)")
+            self.scratch_mib = DEFAULT_SCRATCH_MIB[self.device.split(":")[0]]
         return self
 
     @field_validator("resume")

@@ -160,7 +160,10 @@ def test_tf32_needs_a_gpu(tmp_path):
     assert parse_config({**MINIMAL, "device": "cuda:1", "tf32": True}).tf32 is True
     path = write(tmp_path, "model: m\ndata: {train: t.jsonl}\n")
     msg = error_of(load_config, path, ["tf32=true"])
-    assert str(path) in msg and "tf32: needs device cuda" in msg and "\n" not in msg
+    assert f"{path}: override 'tf32=true': tf32: needs device cuda" in msg and "\n" not in msg
+    msg = error_of(load_config, write(tmp_path, "model: m\ntf32: true\ndata: {train: t}\n"))
+    assert msg.endswith("x.yaml: tf32: needs device cuda (TF32 is a tensor-core format of "
+                        "NVIDIA GPUs; the CPU computes in float32)")
     assert "tf32: expected true or false" in error_of(parse_config, {**MINIMAL, "tf32": "fast"})
 
 
