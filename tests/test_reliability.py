@@ -139,8 +139,7 @@ def test_resume_of_a_checkpoint_older_than_a_setting():
     """A checkpoint written before a setting existed ran with its default: resuming with the
     default is no change, with another value it is, and the message says from what."""
     run = parse_config({"model": "m", "device": "cuda", "data": {"train": "t.jsonl"}})
-    now = fingerprint(run, [])
-    now["settings"]["world_size"] = 1
+    now = fingerprint(run, [], world_size=1)
     old = json.loads(json.dumps(now))
     for key in ("tf32", "train.step_in_backward", "world_size"):  # none of them recorded yet
         del old["settings"][key]

@@ -39,8 +39,9 @@ def data_digest(examples):
     return {"count": len(examples), "sha256": h.hexdigest()}
 
 
-def fingerprint(config, examples):
-    return {"settings": settings(config) if config is not None else None,
+def fingerprint(config, examples, world_size=1):
+    """What resume compares: the settings (with the number of processes) and the data."""
+    return {"settings": None if config is None else {**settings(config), "world_size": world_size},
             "data": data_digest(examples)}
 
 

@@ -43,8 +43,7 @@ class Trainer:
         self.world = world if world is not None else World()
         # what resume compares: the whole run's settings when given (else the train section)
         compared = run_config if run_config is not None else cfg
-        self.fingerprint = fingerprint(compared, train_examples)
-        self.fingerprint["settings"]["world_size"] = self.world.size
+        self.fingerprint = fingerprint(compared, train_examples, self.world.size)
         self.setting_defaults = default_settings(compared)
         self.resume_allow = tuple(getattr(run_config, "resume_allow", ()) or ())
         self.output_dir, self.pad_id = output_dir, pad_id
