@@ -6,7 +6,7 @@ from datetime import datetime
 from pathlib import Path
 
 import jinja2.ext
-from jinja2.exceptions import TemplateError
+from jinja2.exceptions import TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -204,7 +204,6 @@ class Tokenizer:
 
     def _template(self):
         if self._compiled is None:
-            from jinja2.exceptions import TemplateSyntaxError
             env = _jinja_env()
             try:
                 self._compiled = env.from_string(self.chat_template or DEFAULT_CHAT_TEMPLATE)

@@ -9,6 +9,7 @@ from gguf import GGUFReader, GGUFValueType
 
 from ..errors import ModelError
 from ..quant import GGUF_TYPE_NAMES
+from ..tokenizer import Tokenizer
 from .config import ModelConfig
 
 # Float types are read as arrays; the quantized ones the format registry keeps packed.
@@ -117,7 +118,6 @@ class GGUFModelFile:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from ..tokenizer import Tokenizer
             if "tokenizer.ggml.model" not in self.fields:
                 return None  # a weights-only file: the model loads without a tokenizer
             self._tokenizer = Tokenizer.from_gguf(self.fields, str(self.path))
