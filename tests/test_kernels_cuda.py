@@ -252,6 +252,52 @@ def test_runs_share_a_scale_group_only_where_they_fit():
     assert not grouped(8, 64, 100)    # rows the run does not divide
 
 
+def _grids(monkeypatch):
+    """The grids the GPU launchers ask for (production tiles and threads), nothing launched:
+    each passes launch.check_grid, as every launch does."""
+    from packlora.kernels.cuda import launch, ops, rows
+    grids = []
+
+    def record(build, grid, block, args, w, result=1):
+        launch.check_grid(grid)
+        grids.append(grid)
+    monkeypatch.setattr(ops, "launch", record)
+    monkeypatch.setattr(rows, "launch", record)
+    return grids
+
+
+@pytest.mark.parametrize("n,k", [(128256, 4096), (4096, 11008)])
+@pytest.mark.parametrize("m", [1, 4, 16, 300])
+def test_gpu_launch_grids_stay_within_cudas_limits(monkeypatch, n, k, m):
+    from packlora.kernels.cuda import ops
+    from packlora.quant import PackedWeight
+    grids = _grids(monkeypatch)
+    w = PackedWeight.from_gguf("Q4_0", (n, k), np.zeros((n, k // 32 * 18), np.uint8))  # untouched
+    ops.linear_fwd(np.zeros((m, k), np.float32), w)
+    ops.linear_bwd(np.zeros((m, n), np.float32), w)
+    assert len(grids) == 2
+
+
+def test_gpu_embedding_lookup_of_many_tokens_fits_the_grid(monkeypatch):
+    """A batch of 16 x 4,096 tokens looks up 65,536 rows: more than a grid's y allows."""
+    from packlora.kernels.cuda.rows import gather_rows
+    from packlora.quant import PackedWeight
+    grids = _grids(monkeypatch)
+    w = PackedWeight.from_gguf("Q8_0", (50, 256), np.zeros((50, 8 * 34), np.uint8))
+    ids = np.arange(16 * 4096, dtype=np.int64) % 50
+    gather_rows(w, ids, np.empty((ids.size, 256), np.float32))
+    assert grids == [(16 * 4096, 1)]
+
+
+def test_a_grid_past_cudas_limits_is_refused():
+    from packlora.errors import DeviceError
+    from packlora.kernels.cuda.launch import check_grid, launch
+    check_grid((2**31 - 1, 65535, 65535))
+    for grid in [(1, 65536), (1, 1, 70000), (2**31,)]:
+        with pytest.raises(DeviceError, match="CUDA allows at most"):
+            launch(None, grid, 32, [None, None], None)
+
+
 # ---------------------------------------------------------------- real GPU (cupy)
 def _cupy():
     try:

@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 from numba import cuda
 
-from ...errors import QuantError
+from ...errors import DeviceError, QuantError
 from ...quant.packed import array_module
 from ...quant.registry import FLAT
 from ..format_ids import FORMAT_IDS, checked_format
@@ -32,6 +32,8 @@ except ImportError:
 
 # Off: every GPU launch takes Numba's ordinary path (bench/kernels_cuda.py times both).
 PREPARED_LAUNCHES = True
+# Blocks a grid may have along x, and along y or z (CUDA's limits; the simulator has none).
+MAX_GRID_X, MAX_GRID_YZ = 2**31 - 1, 65535
 
 
 def is_cupy(a):
@@ -41,6 +43,7 @@ def is_cupy(a):
 def launch(build, grid, block, args, w, result=1):
     """build(fmt, dq)[grid, block](*args, *weight_args(w)) with w's format id and double
     quantization; args[result] is the output array (cupy or numpy)."""
+    check_grid(grid)
     out = args[result]
     kept = _kept(w, array_module(out))
     kernel, wargs = build(*kept.spec), kept.args
@@ -53,6 +56,14 @@ def launch(build, grid, block, args, w, result=1):
             for v in [*args, *wargs]]
     kernel[grid, block](*args)
     args[result].copy_to_host(out)
+
+
+def check_grid(grid):
+    """Refuse a grid past CUDA's limits here, in words, not as the driver's invalid value."""
+    g = grid if type(grid) is tuple else (grid,)
+    if g[0] > MAX_GRID_X or (len(g) > 1 and max(g[1:]) > MAX_GRID_YZ):
+        raise DeviceError(f"a kernel launch asks for a grid of {g} blocks; CUDA allows at most "
+                          f"{MAX_GRID_X} along x and {MAX_GRID_YZ} along y and z")
 
 
 def _launch_gpu(kernel, grid, block, args, kept):

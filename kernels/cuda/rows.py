@@ -4,7 +4,9 @@ large batches hand to cuBLAS: tiled.py), one launch per call.
 A block decodes RUN * THREADS values of a row. Where runs of SEG values lie inside one scale
 group (decode.grouped: every block format, and flat block sizes and rows that SEG divides) a
 thread decodes SEG neighbours at a time and reads their scales once; otherwise one value at a
-time, THREADS apart. Either way a warp reads and writes neighbouring memory."""
+time, THREADS apart. Either way a warp reads and writes neighbouring memory. The rows lie along
+the grid's x (up to 2**31 - 1 blocks; y and z stop at 65,535, fewer tokens than one batch of
+16 x 4,096 looks up), the blocks of a row along y."""
 import functools
 
 from numba import cuda
@@ -24,19 +26,19 @@ def _gather_kernel(fmt, dq):
     @cuda.jit(cache=True)
     def kernel(rows, out, grp, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
                codebook):
-        i = cuda.blockIdx.y
+        i = cuda.blockIdx.x
         if i >= rows.shape[0]:
             return
         n = rows[i]
         if grp:
-            c = (cuda.blockIdx.x * THREADS * (RUN // SEG) + cuda.threadIdx.x) * SEG
+            c = (cuda.blockIdx.y * THREADS * (RUN // SEG) + cuda.threadIdx.x) * SEG
             for _ in range(RUN // SEG):
                 if c < kdim:
                     decode_group(out, i, c, 0, 1, SEG, n, c, kdim, fmt, bs, dq, q, q16, absmax,
                                  amq, amcode, amscale, amoff, codebook)
                 c += THREADS * SEG
             return
-        c = cuda.blockIdx.x * RUN * THREADS + cuda.threadIdx.x
+        c = cuda.blockIdx.y * RUN * THREADS + cuda.threadIdx.x
         for _ in range(RUN):
             if c < kdim:
                 decode_run(out, i, c, 0, 1, 1, n, c, kdim, fmt, bs, dq, q, q16, absmax, amq,
@@ -52,7 +54,7 @@ def gather_rows(w, rows, out):
     k = int(w.shape[1])
     if rows.size == 0 or k == 0:
         return out
-    grid = (-(-k // (RUN * THREADS)), int(rows.size))
+    grid = (int(rows.size), -(-k // (RUN * THREADS)))
     grp = int(grouped(SEG, int(w.block_size), k))
     launch(_gather_kernel, grid, THREADS, [rows, out, grp], w)
     return out
