@@ -9,6 +9,7 @@ from .formats import (
     buffer_spec,
     check_buffers,
     check_format,
+    check_layout,
     packed_nbytes,
 )
 from .io import load_packed, save_packed
@@ -18,5 +19,5 @@ from .registry import BY_GGUF_NAME, GGUF_TYPE_NAMES, QUANTIZABLE, REGISTRY, Bloc
 
 __all__ = ["BLOCK_SIZES", "BY_GGUF_NAME", "DYNAMIC_MAP", "FORMATS", "FP4_CODE", "GGUF_TYPE_NAMES",
            "NF4_CODE", "QUANTIZABLE", "REGISTRY", "BlockLayout", "Format", "PackedWeight",
-           "bits_per_weight", "buffer_spec", "check_buffers", "check_format", "dequantize_absmax",
-           "load_packed", "packed_nbytes", "quantize", "save_packed"]
+           "bits_per_weight", "buffer_spec", "check_buffers", "check_format", "check_layout",
+           "dequantize_absmax", "load_packed", "packed_nbytes", "quantize", "save_packed"]

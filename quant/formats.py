@@ -100,15 +100,21 @@ def check_buffers(fmt, shape, block_size, double_quant, buffers):
     """QuantError unless `buffers` ({name: numpy or cupy array}) are exactly the layout of
     buffer_spec: the same names, dtypes and shapes. The one check of a weight's buffers, made by
     PackedWeight and by both kernel backends before they read raw bytes."""
+    check_layout(fmt, shape, block_size, double_quant,
+                 {key: (buf.dtype, buf.shape) for key, buf in buffers.items()})
+
+
+def check_layout(fmt, shape, block_size, double_quant, layout):
+    """check_buffers of the buffers' {name: (dtype, shape)}: all the check depends on."""
     spec = buffer_spec(fmt, shape, block_size, double_quant)
-    if set(spec) != set(buffers):
+    if set(spec) != set(layout):
         raise QuantError(f"{fmt} weight of shape {shape} needs buffers "
-                         f"{sorted(spec)}, got {sorted(buffers)}")
+                         f"{sorted(spec)}, got {sorted(layout)}")
     for key, (dtype, want) in spec.items():
-        buf = buffers[key]
-        if np.dtype(buf.dtype) != dtype or tuple(buf.shape) != want:
+        got_dtype, got_shape = np.dtype(layout[key][0]), tuple(layout[key][1])
+        if got_dtype != dtype or got_shape != want:
             raise QuantError(f"{fmt} buffer {key!r} must be {dtype} {want}, got "
-                             f"{np.dtype(buf.dtype)} {tuple(buf.shape)}")
+                             f"{got_dtype} {got_shape}")
 
 
 def packed_nbytes(format, shape, block_size=None, double_quant=False):

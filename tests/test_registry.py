@@ -141,6 +141,15 @@ def test_buffers_checked_once_against_the_layout():
 def test_kernels_check_weights_with_the_registry():
     w = quantize(np.ones((4, 64), np.float32), "q4_1")
     assert format_ids.checked_format(w) is REGISTRY["q4_1"]
-    w.buffers["blocks"] = w.buffers["blocks"][:, :-1]
+    good = w.buffers["blocks"]
+    w.buffers["blocks"] = good[:, :-1]
     with pytest.raises(QuantError, match="q4_1 buffer 'blocks'"):
+        format_ids.checked_format(w)
+    w.buffers["blocks"] = good.copy()  # the check is made once per layout, not per weight
+    assert format_ids.checked_format(w) is REGISTRY["q4_1"]
+    w.buffers["blocks"] = good.view(np.int8)
+    with pytest.raises(QuantError, match="must be uint8"):
+        format_ids.checked_format(w)
+    w.buffers["blocks"], w.shape = good, (2, 128)
+    with pytest.raises(QuantError, match=r"must be uint8 \(2, 80\)"):
         format_ids.checked_format(w)
