@@ -1,4 +1,5 @@
 """PackedWeight: a quantized weight as its raw buffers (numpy or cupy) plus format and shape."""
+import functools
 import importlib
 import math
 
@@ -20,7 +21,12 @@ def array_module(arr):
     """numpy for numpy arrays (memmaps included), else the array's own package (cupy)."""
     if isinstance(arr, np.ndarray):
         return np
-    return importlib.import_module(type(arr).__module__.split(".")[0])
+    return _package(type(arr))
+
+
+@functools.cache
+def _package(cls):
+    return importlib.import_module(cls.__module__.split(".")[0])
 
 
 def to_host(arr):

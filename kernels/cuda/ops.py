@@ -11,7 +11,7 @@ from ..format_ids import checked_format
 from . import gemv, tiled
 from .decode import grouped
 from .gemm import Tile, gemm_kernel
-from .launch import is_cupy, launch
+from .launch import is_cupy, launch, zero
 
 SIM_TILE = Tile(tm=8, tc=16, tr=16, rm=4, rn=4, seg=8)  # 8 threads: fast in the simulator
 SMALL_M_TILE = Tile(tm=16, tc=64, tr=32, rm=1, rn=4, seg=8)  # 256 threads, M <= 16
@@ -101,7 +101,7 @@ def _launch(a, c, w, bwd, tile):
     if m == 0 or cdim == 0:
         return
     if a.shape[1] == 0:
-        c[...] = 0
+        zero(c)
         return
     if tile is None and m <= GEMV_MAX_M and gemv.fits(w, bwd):
         _launch_gemv(a, c, w, bwd)
@@ -111,7 +111,7 @@ def _launch(a, c, w, bwd, tile):
     span = _reduction_span(a.shape[1], grid[0] * grid[1], tile.tr)
     grid = (*grid, _cdiv(a.shape[1], span))
     if grid[2] > 1:  # blocks along the reduction add their parts into c
-        c[...] = 0
+        zero(c)
     grp = int(grouped(tile.seg, int(w.block_size), int(w.shape[1])))
     launch(gemm_kernel(tile), grid, tile.block, [a, c, bwd, span, grp], w)
 
@@ -126,7 +126,7 @@ def _launch_gemv(a, c, w, bwd):
     n = a.shape[1]
     cols = _cdiv(c.shape[1], threads * gemv.BWD_SEG)
     rows = _cdiv(n, min(n, _cdiv(TARGET_BLOCKS, cols)))       # W's rows per block
-    c[...] = 0
+    zero(c)
     build = functools.partial(gemv.gemv_bwd, rows=bound)
     launch(build, (cols, _cdiv(n, rows)), threads, [a, c, rows], w)
 
