@@ -50,6 +50,22 @@ def _load_cupy(index):
     return cupy
 
 
+def parse_spec(spec):
+    """(kind, index, autodiff) of a device spec: 'cpu', 'cuda', 'cuda:1', each with an optional
+    '+autodiff'; nothing is opened."""
+    text = str(spec).strip().lower()
+    autodiff = text.endswith("+autodiff")
+    text = text.removesuffix("+autodiff")
+    if text == "cpu":
+        return "cpu", 0, autodiff
+    if text == "cuda" or text.startswith("cuda:"):
+        idx = text.partition(":")[2] or "0"
+        if not idx.isdigit():
+            raise DeviceError(f"bad device {spec!r}: the CUDA index must be a number")
+        return "cuda", int(idx), autodiff
+    raise DeviceError(f"bad device {spec!r}; use 'cpu', 'cuda' or 'cuda:N'")
+
+
 def _state(kind, index):
     key = (kind, index)
     if key not in _STATES:
@@ -102,19 +118,18 @@ class Device:
         """'cpu', 'cuda', 'cuda:1'; a '+autodiff' suffix turns recording on."""
         if isinstance(spec, Device):
             return spec
-        text = str(spec).strip().lower()
-        autodiff = text.endswith("+autodiff")
-        text = text.removesuffix("+autodiff")
-        if text == "cpu":
-            dev = cls.cpu()
-        elif text == "cuda" or text.startswith("cuda:"):
-            idx = text.partition(":")[2] or "0"
-            if not idx.isdigit():
-                raise DeviceError(f"bad device {spec!r}: the CUDA index must be a number")
-            dev = cls.cuda(int(idx))
-        else:
-            raise DeviceError(f"bad device {spec!r}; use 'cpu', 'cuda' or 'cuda:N'")
-        return dev.autodiff() if autodiff else dev
+        return cls(*parse_spec(spec))
+
+    @staticmethod
+    def cuda_count():
+        """How many GPUs this process sees (DeviceError without cupy or a driver)."""
+        return _load_cupy(0).cuda.runtime.getDeviceCount()
+
+    @property
+    def bus_id(self):
+        """The GPU's PCI bus id (the same GPU has the same id in every process), None on the
+        CPU."""
+        return None if self.kind == "cpu" else self.xp.cuda.Device(self.index).pci_bus_id
 
     # -- autodiff switch ----------------------------------------------------------------------
     def autodiff(self):

@@ -171,3 +171,76 @@ def test_memory_report_plans_one_rank_and_the_allreduce_buffer(files):
     assert two["plan"]["categories"]["workspace"] == params
     assert one["plan"]["categories"]["workspace"] == 0
     assert two["plan"]["categories"]["activations"] < one["plan"]["categories"]["activations"]
+
+
+def test_ranks_of_a_machine_take_its_gpus_in_turn():
+    from packlora.training.distributed import rank_gpu, shared_gpu
+    assert [rank_gpu(0, r, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert [rank_gpu(2, r, 4) for r in range(3)] == [2, 3, 0]
+    assert [rank_gpu(0, r, 1) for r in range(3)] == [0, 0, 0]  # CUDA_VISIBLE_DEVICES per rank
+    assert shared_gpu(["a", "b", "c"]) is None
+    assert shared_gpu(["a", "b", "a", "b"]) == (0, 2, "a")
+
+
+# Each rank under mpiexec asks its World for `device: cuda:0` on a machine with `count` GPUs
+# (a stand-in Device: this machine has none) and prints the GPU it got or the error.
+GPU_PER_RANK = """
+import json, sys
+from packlora.errors import ConfigError
+from packlora.training import distributed
+class FakeGpu:
+    def __init__(self, kind, index, autodiff):
+        self.index, self.bus_id = index, f"0000:{{index:02d}}:00.0"
+    cuda_count = staticmethod(lambda: {count})
+distributed.Device = FakeGpu
+world = distributed.World.detect()
+try:
+    got = world.device("cuda:0").index
+except ConfigError as e:
+    got = str(e)
+print(json.dumps([world.rank, list(world.node()[:2]), got]))
+"""
+
+
+@pytest.mark.parametrize("count", [2, 1])
+def test_ranks_on_one_machine_get_a_gpu_each_or_a_clear_error(count, tmp_path):
+    done = on_two_ranks(GPU_PER_RANK.format(count=count), tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks = sorted(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
+    if count == 2:
+        assert ranks == [[0, [0, 2], 0], [1, [1, 2], 1]]
+        return
+    for _, node, err in ranks:
+        assert node[1] == 2
+        assert err == ("device: cuda:0 with 2 ranks on this machine: its ranks 0 and 1 would "
+                       "share GPU 0000:00:00.0 (1 visible to each); start at most one rank per "
+                       "GPU, or give each its own through CUDA_VISIBLE_DEVICES")
+
+
+def _fake_cupy(monkeypatch, available):
+    """cupy as the NCCL sum sees it: cupy.cuda.nccl is a submodule cupy.cuda does not import."""
+    import types
+    made = []
+    nccl = types.SimpleNamespace(available=available, get_unique_id=lambda: b"uid",
+                                 NcclCommunicator=lambda *a: made.append(a))
+    cuda = types.ModuleType("cupy.cuda")
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = cuda
+    for name, mod in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy.cuda.nccl", nccl)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return made
+
+
+@pytest.mark.parametrize("available", [True, False])
+def test_nccl_is_imported_as_cupy_ships_it(monkeypatch, available):
+    import types
+    from packlora.errors import ConfigError
+    from packlora.training.distributed import NcclSum
+    made = _fake_cupy(monkeypatch, available)
+    world = types.SimpleNamespace(size=2, rank=0, is_main=True, broadcast=lambda obj: obj)
+    if available:
+        NcclSum(world)
+        assert made == [(2, b"uid", 0)]
+        return
+    with pytest.raises(ConfigError, match="NCCL, which cupy cannot load here"):
+        NcclSum(world)

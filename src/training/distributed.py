@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from ..device import Device, parse_spec
 from ..errors import ConfigError
 
 ABORT_GRACE_S = 0.5  # seconds a failing rank waits before MPI Abort, for its output to get out
@@ -36,6 +37,23 @@ def check_global_batch(batch_size, ranks):
     if ranks < 1 or batch_size % ranks:
         raise ConfigError(f"train.batch_size: {batch_size} is the global batch and must divide "
                           f"by the {ranks} ranks")
+
+
+def rank_gpu(index, node_rank, count):
+    """The GPU of the node_rank-th rank on a node whose config says cuda:index: the ranks take
+    the GPUs from there in turn, wrapping at the count this rank sees (one each where the
+    launcher gives every rank its own GPU through CUDA_VISIBLE_DEVICES)."""
+    return (index + node_rank) % count
+
+
+def shared_gpu(bus_ids):
+    """(rank a, rank b, bus id) for the first two ranks of a node on one GPU, else None."""
+    first = {}
+    for rank, bus in enumerate(bus_ids):
+        if bus in first:
+            return first[bus], rank, bus
+        first[bus] = rank
+    return None
 
 
 class World:
@@ -69,6 +87,33 @@ class World:
     def shard(self, n):
         """The half-open slice of a global batch of n rows that this rank takes."""
         return slice(self.rank * n // self.size, (self.rank + 1) * n // self.size)
+
+    def node(self):
+        """This rank's (rank, ranks) among the ranks on its machine (MPI's shared-memory split),
+        and that communicator (None for one process)."""
+        if self.size == 1:
+            return 0, 1, None
+        node = self.comm.Split_type(self.mpi.COMM_TYPE_SHARED)
+        return node.Get_rank(), node.Get_size(), node
+
+    def device(self, spec):
+        """The device this rank trains on. Several ranks on a machine with `device: cuda:N` take
+        GPUs N, N+1, ... (rank_gpu); two of them on one GPU, which NCCL refuses, are a
+        ConfigError naming them."""
+        kind, index, autodiff = parse_spec(spec)
+        if self.size == 1 or kind != "cuda":
+            return Device(kind, index, autodiff)
+        local, ranks, node = self.node()
+        count = Device.cuda_count()
+        dev = Device(kind, rank_gpu(index, local, count), autodiff)
+        clash = shared_gpu(node.allgather(dev.bus_id))
+        node.Free()
+        if clash is not None:
+            raise ConfigError(f"device: {spec} with {ranks} ranks on this machine: its ranks "
+                              f"{clash[0]} and {clash[1]} would share GPU {clash[2]} "
+                              f"({count} visible to each); start at most one "
+                              "rank per GPU, or give each its own through CUDA_VISIBLE_DEVICES")
+        return dev
 
     # -- collectives --------------------------------------------------------------------------
     def sum_scalars(self, *values):
@@ -157,7 +202,12 @@ class NcclSum:
 
     def __init__(self, world):
         import cupy  # noqa: PLC0415  (only reached with device: cuda under mpiexec)
-        self.cupy, self.nccl = cupy, cupy.cuda.nccl
+        from cupy.cuda import nccl  # noqa: PLC0415  (a submodule cupy.cuda does not import)
+        if not nccl.available:
+            raise ConfigError(f"device: cuda with {world.size} ranks sums the gradients with "
+                              "NCCL, which cupy cannot load here: pip install 'packlora[cuda]' "
+                              "or 'packlora[cuda13]' (they bring nvidia-nccl)")
+        self.cupy, self.nccl = cupy, nccl
         uid = self.nccl.get_unique_id() if world.is_main else None
         self.comm = self.nccl.NcclCommunicator(world.size, world.broadcast(uid), world.rank)
 

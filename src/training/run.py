@@ -58,10 +58,10 @@ def finetune(config_or_path, overrides=(), progress=True, world=None):
         raise
 
 
-def run_device(cfg):
-    """The recording device a run trains on, set as its config says: seeded, its scratch cap
-    (also dropping a scratch an earlier run grew), TF32 on or off."""
-    device = Device.parse(cfg.device).autodiff()
+def run_device(cfg, world=None):
+    """The recording device a run (one rank of `world`) trains on, set as its config says:
+    seeded, its scratch cap (also dropping a scratch an earlier run grew), TF32 on or off."""
+    device = (Device.parse(cfg.device) if world is None else world.device(cfg.device)).autodiff()
     device.seed(cfg.train.seed)
     device.set_scratch_cap(cfg.scratch_mib << 20)
     device.set_tf32(cfg.tf32)
@@ -72,7 +72,7 @@ def _finetune(cfg, progress, world):
     world.check_same("configs", cfg.model_dump(mode="json"))
     main = world.is_main  # rank 0 alone writes
     out = prepare_output_dir(cfg) if main else Path(cfg.output_dir)
-    device = run_device(cfg)
+    device = run_device(cfg, world)
     model = load_model(cfg.model, device, quant=cfg.quant)
     apply_lora(model, cfg.lora)  # the same initial adapter on every rank
     if world.size > 1:  # then a dropout stream of its own per rank
