@@ -129,8 +129,8 @@ def _cupy():
 @pytest.mark.parametrize("m", [1, 4, 16, 17, 300])
 def test_gpu_products_through_the_entry_point(fmt, m):
     """M <= 4: the GEMV kernels; M <= 16: the fused tile (reduction split across blocks);
-    above: decoded tiles of
-    at most the scratch cap, multiplied by cuBLAS."""
+    above: decoded tiles of at most the scratch cap, multiplied by cuBLAS. Inputs are strided
+    views."""
     cp = _cupy()
     from packlora.quant import quantize
     rng = np.random.default_rng(2)
@@ -142,8 +142,9 @@ def test_gpu_products_through_the_entry_point(fmt, m):
     dev.set_scratch_cap(1 << 20)                      # 256 rows of K = 1024: three tiles
     wd = w.to_device(dev)
     dense = cp.asarray(w.dequantize())                                  # (N, K)
-    x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))      # (M, K)
-    dy = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))     # (M, N)
+    # strided views (every other row, or column, of a wider array): no path may assume rows
+    x = cp.asarray(rng.standard_normal((2 * m, k + 3)).astype(np.float32))[::2, 1:k + 1]
+    dy = cp.asarray(rng.standard_normal((m, 2 * n)).astype(np.float32))[:, ::2]  # (M, N)
     for got, ref in [(kernels.linear_fwd(x, wd, device=dev), x @ dense.T),
                      (kernels.linear_bwd(dy, wd, device=dev), dy @ dense)]:
         err = float(cp.abs(got - ref).max() / cp.abs(ref).max())

@@ -61,7 +61,9 @@ def _tiles(w, cupy, scratch, cap_elems):
 
 
 def fwd(cupy, x, w, y, scratch, cap_elems):
-    """y (M, N) = x (M, K) @ W.T, all cupy float32 C-contiguous."""
+    """y (M, N) = x (M, K) @ W.T, cupy float32, y C-contiguous (x is made so: cuBLAS reads
+    it by pointer and leading dimension)."""
+    x = cupy.ascontiguousarray(x)
     m, k = x.shape
     n = y.shape[1]
     gemm = _gemm(cupy)
@@ -72,7 +74,8 @@ def fwd(cupy, x, w, y, scratch, cap_elems):
 
 
 def bwd(cupy, dy, w, dx, scratch, cap_elems):
-    """dx (M, K) = dy (M, N) @ W, all cupy float32 C-contiguous."""
+    """dx (M, K) = dy (M, N) @ W, cupy float32, dx C-contiguous (dy is made so)."""
+    dy = cupy.ascontiguousarray(dy)
     m, n = dy.shape
     k = dx.shape[1]
     gemm = _gemm(cupy)
