@@ -13,6 +13,8 @@ of its buffers is replaced), the stream handles of cupy's current stream are mad
 array's wrapper skips the stream of its interface (the launch names the stream itself), and
 after a first ordinary launch per kernel and argument types, launches are replayed without
 Numba's per-call work (prepared.py; bench/cuda_launch_host.py measures the host side)."""
+import contextlib
+import warnings
 import weakref
 
 import numpy as np
@@ -88,11 +90,23 @@ def _launch_gpu(kernel, grid, block, args, kept):
             return
         if key not in kept.prepared:
             if all(isinstance(v, int) or is_cupy(v) for v in args):
-                kept.prepared[key] = prepared.first_launch(kernel, grid, block, numba_stream,
-                                                           args, _views(args), kept.args)
+                with _grids_are_ours():
+                    kept.prepared[key] = prepared.first_launch(kernel, grid, block, numba_stream,
+                                                               args, _views(args), kept.args)
                 return
             kept.prepared[key] = None  # host arrays among them: Numba copies them each launch
-    kernel[grid, block, numba_stream](*_views(args), *kept.args)
+    with _grids_are_ours():
+        kernel[grid, block, numba_stream](*_views(args), *kept.args)
+
+
+@contextlib.contextmanager
+def _grids_are_ours():
+    """Numba's launch without its warning for grids under 128 blocks: packlora sizes each grid
+    to its product (a small weight's GEMV or one looked-up row is a small grid by nature), and
+    the warning would only puzzle its users."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Grid size .* under-utilization")
+        yield
 
 
 def _views(args):
