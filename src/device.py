@@ -21,7 +21,9 @@ class _State:
 
     def __init__(self, kind, xp):
         self.xp = xp
-        self.memory = MemoryTracker(kind, None if kind == "cpu" else xp.get_default_memory_pool())
+        gpu = kind != "cpu"
+        self.memory = MemoryTracker(kind, xp.get_default_memory_pool() if gpu else None,
+                                    xp.cuda.MemoryHook if gpu else None)
         self.rng = _make_rng(kind, xp, None)
         self.seed_value = None
         self.scratch_cap = DEFAULT_SCRATCH_MIB[kind] << 20

@@ -21,18 +21,35 @@ def _owner(array):
     return base
 
 
+def _peak_hook(base, sample):
+    """A memory hook (a subclass of cupy's MemoryHook `base`) that calls sample() after every
+    allocation from the pool."""
+
+    class PeakHook(base):
+        name = "packlora_peak"
+
+        def malloc_postprocess(self, **kwargs):
+            sample()
+
+    return PeakHook()
+
+
 class MemoryTracker:
     """Counts bytes of arrays by category as they are created and freed.
 
     Arrays are tracked by the buffer that owns their memory, so views are never counted twice.
     The independent measure is tracemalloc on the CPU (numpy reports its allocations to it) and
     cupy's memory pool on a GPU (`pool`, handed in by the device). The pool keeps no peak of its
-    own: while measuring, its used bytes are sampled at every tracked allocation.
+    own: while measuring, its used bytes are sampled at every allocation from it, through a
+    memory hook (`hook_base`: cupy.cuda.MemoryHook, handed in by the device), so temporaries no
+    category tracks count too; and at every tracked allocation.
     """
 
-    def __init__(self, kind="cpu", pool=None):
+    def __init__(self, kind="cpu", pool=None, hook_base=None):
         self.kind = kind
         self.pool = pool
+        self._hook_base = hook_base
+        self._hook = None  # the hook entered while measuring on a GPU
         self.current = {c: 0 for c in CATEGORIES}
         self.peak = {c: 0 for c in CATEGORIES}
         self.total = 0
@@ -125,6 +142,21 @@ class MemoryTracker:
             tracemalloc.start()
         if self.pool is not None and self._pool_peak is None:
             self._pool_peak = self.pool.used_bytes()
+            if self._hook_base is not None:
+                self._hook = _peak_hook(self._hook_base, self._sample_pool)
+                self._hook.__enter__()
+
+    def stop_process_measure(self):
+        """Stop the GPU's measure (its memory hook); the CPU's tracemalloc is its caller's."""
+        if self._hook is not None:
+            self._hook.__exit__(None, None, None)
+            self._hook = None
+        self._pool_peak = None
+
+    def _sample_pool(self):
+        used = self.pool.used_bytes()
+        if used > self._pool_peak:
+            self._pool_peak = used
 
     def process_measure(self):
         """(current, peak) bytes from the independent measure, or (None, None) if it is off."""

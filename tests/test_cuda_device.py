@@ -79,6 +79,40 @@ class _Pool:
         return self.used
 
 
+class _HookBase:
+    """cupy.cuda.MemoryHook as the tracker uses it: entered hooks hear of each pool malloc."""
+    entered = []
+
+    def __enter__(self):
+        _HookBase.entered.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _HookBase.entered.remove(self)
+
+
+def _pool_malloc(pool, nbytes):
+    pool.used += nbytes
+    for hook in _HookBase.entered:
+        hook.malloc_postprocess(size=nbytes, mem_size=nbytes)
+
+
+def test_gpu_process_peak_counts_what_no_category_tracks():
+    pool = _Pool()
+    mem = MemoryTracker("cuda", pool, _HookBase)
+    mem.start_process_measure()
+    _pool_malloc(pool, 1 << 20)          # a temporary of cupy's own (no tracked array)
+    pool.used -= 1 << 20
+    assert mem.process_measure() == (1000, 1000 + (1 << 20))
+    mem.stop_process_measure()
+    assert _HookBase.entered == [] and mem.process_measure() == (None, None)
+    _pool_malloc(pool, 1 << 22)          # not measuring: not heard
+    pool.used -= 1 << 22
+    mem.start_process_measure()
+    assert mem.process_measure() == (1000, 1000)
+    mem.stop_process_measure()
+
+
 def test_gpu_process_measure_is_a_peak_not_the_current_total():
     pool = _Pool()
     mem = MemoryTracker("cuda", pool)

@@ -94,6 +94,7 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
                 "metrics_jsonl_mem_peak": records[-1].get("mem_peak") if records else None}
     if dev.kind == "cpu" and not tracing_before:
         __import__("tracemalloc").stop()
+    mem.stop_process_measure()
     del trainer, model, history
     gc.collect()
     return measured
