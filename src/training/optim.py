@@ -91,10 +91,9 @@ class AdamW:
 
 def clip_grad_norm(params, max_norm):
     """Scale grads so their global L2 norm is at most max_norm; returns the norm before."""
-    total = 0.0
     grads = [p.grad.data for _, p in params if p.grad is not None]
-    for g in grads:
-        total += float((g * g).sum(dtype=np.float64))
+    # summed where the gradients live: on a GPU one copy to the host, not one per tensor
+    total = float(sum((g * g).sum(dtype=np.float64) for g in grads)) if grads else 0.0
     norm = math.sqrt(total)
     if max_norm is not None and norm > max_norm and norm > 0:
         scale = max_norm / (norm + 1e-6)
