@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks, in one call on a GPU machine: the GPU tests (not the simulator ones), the
-# packed kernels against cuBLAS, and a QLoRA step of a SmolLM2-shaped and a 7B-shaped random
-# model (SmolLM2 in float32 and with TF32 tensor cores). Writes JSON and logs to the folder given
-# as $1; each stage runs even if one before it failed, each under its own time limit (580 s at
-# most in all, under a device call's 600; the tests compile each kernel once per format, about a
-# minute of it).
+# packed kernels against cuBLAS, dropout masks' generator (Philox against XORWOW), and a QLoRA
+# step of a SmolLM2-shaped and a 7B-shaped random model (SmolLM2 in float32 and with TF32 tensor
+# cores). Writes JSON and logs to the folder given as $1; each stage runs even if one before it
+# failed, each under its own time limit (590 s at most in all, under a device call's 600; the
+# tests compile each kernel once per format, about a minute of it).
 #
 #   bash bench/gpu_check.sh OUTDIR [WHEEL_DIR]
 #
@@ -38,10 +38,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 python3 -c "import cupy, numba, numba_cuda, numpy; print(cupy.__version__, numba.__version__, \
 numba_cuda.__version__, numpy.__version__)" >> "$OUT/gpu.txt" 2>&1
 # --maxfail=3: one failing test does not hide the others' results (the call cannot be repeated)
-stage tests "${TESTS_S:-180}" tests.txt python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+stage tests "${TESTS_S:-175}" tests.txt python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
     --maxfail=3 tests/test_cuda_device.py tests/test_kernels_cuda.py tests/test_quant.py
 stage kernels "${KERNELS_S:-135}" kernels_cuda.json python3 bench/kernels_cuda.py \
     --reps "${REPS:-10}"
+stage rng "${RNG_S:-15}" rng_cuda.json python3 bench/gpu_rng.py
 stage smollm2 "${SMOL_S:-85}" train_smollm2.json python3 bench/gpu_train_step.py \
     --model smollm2 --out /tmp/gpu-models --precisions float32,tf32
 stage llama7b "${LLAMA_S:-180}" train_llama7b.json python3 bench/gpu_train_step.py \

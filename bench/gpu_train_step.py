@@ -5,7 +5,7 @@ repeated in every layer, so writing 7B takes seconds, not minutes), then runs
 packlora.memory.measure on `device: cuda` (NF4 + double quantization, LoRA on every linear
 layer): one warm-up step, then `--steps` measured ones, for each of `--precisions` in turn
 (float32; tf32: the run's `tf32: true`, cuBLAS on TF32 tensor cores), each from a fresh load.
-The peak is cupy's pool, sampled at every tracked allocation; the plan is memory-report's.
+The peak is cupy's pool, taken at every allocation from it; the plan is memory-report's.
 Prints a JSON list, one object per precision.
 
 Usage: python bench/gpu_train_step.py --model smollm2|llama7b --out DIR [--layers N] [--steps 2]
@@ -28,9 +28,9 @@ SHAPES = {  # config.json of each shape (Llama family)
                 "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
                 "tie_word_embeddings": False, "rope_theta": 10000.0},
 }
-RUNS = {  # model -> (rank, batch, seq, checkpointing): the README's settings
-    "smollm2": (16, 4, 256, False),
-    "llama7b": (64, 1, 512, True),
+RUNS = {  # model -> (rank, batch, seq, checkpointing, LoRA dropout): the README's settings
+    "smollm2": (16, 4, 256, False, 0.0),           # configs/smollm2-demo.yaml
+    "llama7b": (64, 1, 512, True, 0.05),           # configs/llama2-7b-qlora.yaml
 }
 
 
@@ -109,10 +109,11 @@ def main(argv=None):
     cfg = write_model(out / args.model, args.model, args.layers)
     write_s = time.perf_counter() - t0
     (out / "train.jsonl").write_text('{"text": "hello"}\n')
-    rank, batch, seq, ckpt = RUNS[args.model]
+    rank, batch, seq, ckpt, dropout = RUNS[args.model]
     run = {"model": str(out / args.model), "device": args.device,
            "quant": {"format": "nf4", "block_size": 64, "double_quant": True},
-           "lora": {"rank": rank, "alpha": 2 * rank, "targets": "all-linear"},
+           "lora": {"rank": rank, "alpha": 2 * rank, "targets": "all-linear",
+                    "dropout": dropout},
            "data": {"train": str(out / "train.jsonl"), "max_seq_len": seq, "format": "text"},
            "train": {"batch_size": batch, "grad_checkpointing": ckpt, "max_steps": 10},
            "output_dir": str(out / "run")}
@@ -123,7 +124,8 @@ def main(argv=None):
         tf32 = pl.Device.parse(args.device).tf32  # what ran: a GPU without TF32 stays float32
         results.append({"model": args.model, "precision": "tf32" if tf32 else "float32",
                         "layers": cfg["num_hidden_layers"], "rank": rank, "batch": batch,
-                        "seq": seq, "grad_checkpointing": ckpt, "write_model_s": round(write_s, 1),
+                        "seq": seq, "grad_checkpointing": ckpt, "dropout": dropout,
+                        "write_model_s": round(write_s, 1),
                         "measure_s": round(time.perf_counter() - t0, 1),
                         **_summary(rep, batch * seq)})
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
