@@ -17,6 +17,7 @@ from .cpu.tiled import plan as tile_plan
 from .cuda import ops as cuda_ops
 from .cuda import rows as cuda_rows
 from .cuda import tiled as cuda_tiled
+from .format_ids import wrong_device
 from .fused_rows import (
     ce_backward_,
     ce_forward,
@@ -79,11 +80,18 @@ def cuda_scratch_need(n, k, m, cap_bytes):
 
 
 def _check(a, name, cols, w):
+    _on_host(a, w)
     a = np.ascontiguousarray(a, dtype=np.float32)
     if a.ndim != 2 or a.shape[1] != cols:
         raise QuantError(f"{name} has shape {a.shape}; packed {w.format} weight of shape "
                          f"{tuple(w.shape)} needs (M, {cols})")
     return a
+
+
+def _on_host(a, w):
+    """A GPU input for host weight w is refused in words (numpy would refuse it obscurely)."""
+    if not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__"):
+        raise wrong_device(w, True)
 
 
 def _out(out, shape, name):
@@ -135,6 +143,8 @@ def gather_rows(w, rows, out):
     """Decode the rows `rows` (integers in [0, N), any order) of W into out, a float32
     (len(rows), K) buffer, in one kernel call; returns out."""
     N, K = (int(s) for s in w.shape)
+    if not _is_cuda(w):
+        _on_host(rows, w)
     rows = w.xp.asarray(rows, dtype=np.int64).reshape(-1)
     if rows.size and bool(((rows < 0) | (rows >= N)).any()):  # on a GPU: one sync, not two
         raise QuantError(f"row ids out of range [0, {N}) for packed weight of shape {(N, K)}")

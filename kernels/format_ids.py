@@ -1,12 +1,13 @@
 """Kernel format ids: one number per format of the registry, the same on the CPU and CUDA
-backends, and the check both make of a weight before they read its raw buffers.
+backends, and the checks both make of a weight before they read its raw buffers (its layout,
+and that it lives where its input does).
 
 The ids follow the registry's order. Numba bakes them into its on-disk cache, which does not
 notice changes in other files: append new formats to the registry, never insert or reorder.
 """
 import functools
 
-from ..errors import QuantError
+from ..errors import DeviceError, QuantError
 from ..quant import REGISTRY, check_layout
 
 FORMAT_IDS = {name: i for i, name in enumerate(REGISTRY)}
@@ -34,3 +35,10 @@ def _checked(fmt, shape, block_size, double_quant, layout):
     check_layout(fmt, tuple(int(s) for s in shape), block_size, double_quant,
                  {name: (dtype, shp) for name, dtype, shp in layout})
     return entry
+
+
+def wrong_device(w, input_on_gpu):
+    """The DeviceError for packed weight w used with an input on the other device."""
+    where = "GPU (cupy)" if input_on_gpu else "host (numpy)"
+    return DeviceError(f"packed weight ({w.format}, shape {tuple(w.shape)}) is not on the "
+                       f"input's device {where}; move it with w.to_device(dev)")

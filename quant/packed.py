@@ -111,10 +111,11 @@ class PackedWeight:
         return entry.dequantize(entry, host, self.shape, self.block_size)
 
     def to_device(self, dev):
-        """This weight with every buffer moved by `dev.xp.asarray`, tracked as base_packed."""
+        """This weight with every buffer moved to `dev` (to the host by to_host, to a GPU by
+        its xp.asarray), tracked as base_packed."""
         moved = {}
         for key, buf in self.buffers.items():
-            moved[key] = dev.xp.asarray(buf)
+            moved[key] = to_host(buf) if dev.xp is np else dev.xp.asarray(buf)
             dev.memory.track(moved[key], "base_packed")
         return PackedWeight(self.format, self.shape, moved, self.block_size, self.double_quant)
 

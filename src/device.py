@@ -1,4 +1,6 @@
 """Device: picks the array backend (numpy or cupy) and owns RNG, memory tracker and scratch."""
+import hashlib
+import json
 import warnings
 
 import numpy as np
@@ -170,8 +172,19 @@ class Device:
         return rng.state if isinstance(rng, CountingRng) else rng.bit_generator.state
 
     def set_rng_state(self, state):
+        """Continue the stream rng_state() saved. A state the other kind of device saved (a run
+        resumed on it with resume_allow: [device]) cannot go on here: the generator is seeded
+        from it instead, with a warning, since dropout then draws other masks than an
+        uninterrupted run would."""
         rng = self._state.rng
-        if isinstance(rng, CountingRng):
+        counting = isinstance(state, dict) and bool(state.get("counting_rng"))
+        if counting != isinstance(rng, CountingRng):
+            text = json.dumps(state, sort_keys=True, default=str).encode()
+            self.seed(int(hashlib.sha256(text).hexdigest()[:15], 16))
+            warnings.warn(f"{self}: the saved random state is another device's "
+                          f"({'cuda' if counting else 'cpu'}); its stream cannot go on here, "
+                          "so dropout continues from a seed made from it", stacklevel=2)
+        elif counting:
             rng.state = state
         else:
             rng.bit_generator.state = state

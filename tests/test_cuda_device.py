@@ -2,6 +2,7 @@
 dropout), its memory peak, the GPU scratch in the plan, and on a real GPU a whole tiny
 fine-tune with a checkpoint and a bit-exact resume, and the cuBLAS-tiled products."""
 import json
+import shutil
 
 import model_factory as mf
 import numpy as np
@@ -34,14 +35,20 @@ def test_counting_rng_state_replays_the_same_draws():
         rng.state = {"bit_generator": "PCG64"}
 
 
-def _crash_after(monkeypatch, step):
+def _crashing_after(step):
+    """Trainer.train_step, crashing when the trainer reaches `step`."""
     orig = Trainer.train_step
 
     def crashing(self):
         if self.step == step:
             raise _Crash("power cut")
         return orig(self)
-    monkeypatch.setattr(Trainer, "train_step", crashing)
+    return crashing
+
+
+def _crash_after(monkeypatch, step):
+    orig = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", _crashing_after(step))
     return orig
 
 
@@ -67,6 +74,51 @@ def test_gpu_rng_through_checkpointing_and_resume_on_the_cpu(tiny, tmp_path, mon
                        .read_text())
     assert "counting_rng" in json.dumps(state)
     assert losses(finetune(c, progress=False)) == losses(ckpt)[2:]
+
+
+def test_resume_on_the_other_kind_of_device_seeds_from_the_saved_state(tiny, tmp_path,
+                                                                       monkeypatch):
+    """A GPU checkpoint (its generator state is CountingRng's) resumed on the CPU, as
+    resume_allow: [device] lets a user: that stream cannot go on here, so the CPU's generator is
+    seeded from the saved state, with a warning; the same resume twice trains the same."""
+    def cfg(out):
+        c = run_cfg(tiny, out, max_steps=4, save_every=2)
+        c["lora"]["dropout"] = 0.2
+        return c
+    with monkeypatch.context() as m:
+        m.setattr(device_mod, "_make_rng", lambda kind, xp, seed: CountingRng(xp, seed))
+        m.setattr(Trainer, "train_step", _crashing_after(3))
+        with pytest.raises(_Crash):
+            finetune(cfg(tmp_path / "gpu"), progress=False)
+    runs = []
+    for name in ("a", "b"):
+        shutil.copytree(tmp_path / "gpu", tmp_path / name)
+        c = {**cfg(tmp_path / name), "resume": "auto"}
+        with pytest.warns(UserWarning, match=r"random state is another device's \(cuda\)"):
+            runs.append(losses(finetune(c, progress=False)))
+    assert len(runs[0]) == 2 and all(np.isfinite(runs[0])) and runs[0] == runs[1]
+    dev = Device.cpu()                                  # and a CPU state on a GPU's generator
+    state = dev.rng_state()
+    monkeypatch.setattr(device_mod, "_make_rng", lambda kind, xp, seed: CountingRng(xp, seed))
+    dev.seed(0)
+    with pytest.warns(UserWarning, match=r"another device's \(cpu\)"):
+        dev.set_rng_state(state)
+    assert isinstance(dev.rng, CountingRng)
+
+
+def test_a_gpu_input_for_a_host_weight_is_refused_in_words():
+    from packlora.errors import DeviceError
+    from packlora.quant import quantize
+
+    class GpuArray:  # what the kernels' entry point sees of a cupy array
+        __cuda_array_interface__ = {}
+    w = quantize(np.ones((4, 64), np.float32), "q8_0")
+    calls = [lambda: kernels.linear_fwd(GpuArray(), w), lambda: kernels.linear_bwd(GpuArray(), w),
+             lambda: kernels.gather_rows(w, GpuArray(), np.empty((1, 64), np.float32))]
+    for call in calls:
+        with pytest.raises(DeviceError, match=r"input's device GPU \(cupy\); move it with "
+                                              r"w.to_device\(dev\)"):
+            call()
 
 
 class _Pool:
@@ -215,6 +267,11 @@ def test_gpu_fine_tune_checkpoint_and_bit_exact_resume(tiny, tmp_path, monkeypat
     c["resume"] = "auto"
     resumed = finetune(c, progress=False)
     assert losses(resumed) == losses(whole)[2:]
+    shutil.copytree(tmp_path / "b", tmp_path / "on-cpu")  # the GPU's checkpoint, on the CPU
+    c = {**cfg(tmp_path / "on-cpu", "cpu"), "resume": "auto",
+         "resume_allow": ["device", "scratch_mib"]}
+    with pytest.warns(UserWarning, match=r"another device's \(cuda\)"):
+        assert all(np.isfinite(losses(finetune(c, progress=False))))
     cpu = finetune(cfg(tmp_path / "c", "cpu"), progress=False)
     assert abs(losses(cpu)[0] - losses(whole)[0]) < 1e-3 * abs(losses(cpu)[0])
 

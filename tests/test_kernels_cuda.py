@@ -338,7 +338,7 @@ def test_gpu_kquants_match_dense(fmt, m):
 def _gpu_check_products(cp, w, m, rng, what):
     """Forward and backward of host weight w moved to the GPU against cupy on its dense form,
     twice: the second call replays the first's launches (kernels/cuda/prepared.py)."""
-    from packlora import Device
+    from packlora import Device, kernels
     from packlora.errors import DeviceError
     from packlora.kernels.cuda import launch, ops
     n, k = w.shape
@@ -355,10 +355,13 @@ def _gpu_check_products(cp, w, m, rng, what):
         for got, ref in [(y, x @ dense.T), (dx, dy @ dense)]:
             err = float(cp.abs(got - ref).max() / cp.abs(ref).max())
             assert err < 1e-4, f"{what} M={m}, {call} call: rel err {err}"
-    kernels = launch._kept(wd, cp).prepared
-    assert kernels and all(p is not None for p in kernels.values()), (what, kernels)
+    replays = launch._kept(wd, cp).prepared
+    assert replays and all(p is not None for p in replays.values()), (what, replays)
     with pytest.raises(DeviceError, match="w.to_device"):
         ops.linear_fwd(x, w)                                            # w still on the host
+    with pytest.raises(DeviceError, match="w.to_device"):
+        kernels.linear_fwd(x, w)                                        # ... through the entry
+    np.testing.assert_array_equal(wd.to_device(Device.cpu()).dequantize(), w.dequantize())
 
 
 @pytest.mark.gpu

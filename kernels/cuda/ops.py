@@ -5,9 +5,8 @@ import functools
 import numpy as np
 from numba import config
 
-from ...errors import DeviceError
 from ...quant.packed import array_module
-from ..format_ids import checked_format
+from ..format_ids import checked_format, wrong_device
 from . import gemv, tiled
 from .decode import grouped
 from .gemm import Tile, gemm_kernel
@@ -94,9 +93,7 @@ def _launch(a, c, w, bwd, tile):
     """Launch the packed GEMV (M <= GEMV_MAX_M, no tile asked for, whole runs: gemv.fits) or
     GEMM kernel for c = a @ (W.T if fwd else W)."""
     if is_cupy(next(iter(w.buffers.values()))) != is_cupy(a):
-        where = "GPU (cupy)" if is_cupy(a) else "host (numpy)"
-        raise DeviceError(f"packed weight ({w.format}, shape {tuple(w.shape)}) is not on the "
-                          f"input's device {where}; move it with w.to_device(dev)")
+        raise wrong_device(w, is_cupy(a))
     m, cdim = c.shape
     if m == 0 or cdim == 0:
         return
