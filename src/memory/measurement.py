@@ -2,6 +2,7 @@
 import gc
 import json
 import tempfile
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -53,10 +54,20 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
     dev = run_device(run)
-    mem = dev.memory
-    tracing_before = dev.kind == "cpu" and __import__("tracemalloc").is_tracing()
+    tracing_before = dev.kind == "cpu" and tracemalloc.is_tracing()
     gc.collect()
-    mem.start_process_measure()
+    dev.memory.start_process_measure()
+    try:
+        return _measured_steps(run, inp, steps, warmup, source, dev)
+    finally:  # a failed step (out of memory) must not leave the measure on
+        if dev.kind == "cpu" and not tracing_before:
+            tracemalloc.stop()
+        dev.memory.stop_process_measure()
+        gc.collect()
+
+
+def _measured_steps(run, inp, steps, warmup, source, dev):
+    mem = dev.memory
     base_cur, base_total = dict(mem.current), mem.total
     proc0 = mem.process_measure()[0] or 0
     rss0 = rss_now()
@@ -80,24 +91,18 @@ def measure_run(run, inp, steps=2, warmup=1, source=None):
         proc_peak = _process_peak(dev, proc0)
         rss_high = rss_peak()
         records = _metrics_records(out)
-    cats = {c: int(mem.peak[c] - base_cur[c]) for c in CATEGORIES}
-    measured = {"categories": cats, "peak_bytes": int(mem.total_peak - base_total),
-                "process_peak_bytes": proc_peak,
-                "window_peak_bytes": int(mem.total_peak - win_tracker),
-                "process_window_peak_bytes": (None if proc_peak is None
-                                              else int(proc_peak + proc0 - win_proc)),
-                "process_measure": "tracemalloc" if dev.kind == "cpu" else "cupy memory pool",
-                "rss_peak_bytes": rss_high if rss_reset else None,
-                "rss_load_peak_bytes": rss_load, "rss_warmup_peak_bytes": rss_warm,
-                "rss_before_load_bytes": rss0, "steps": steps, "warmup_steps": warmup,
-                "step_time_s": float(np.mean([r["step_time_s"] for r in history])),
-                "metrics_jsonl_mem_peak": records[-1].get("mem_peak") if records else None}
-    if dev.kind == "cpu" and not tracing_before:
-        __import__("tracemalloc").stop()
-    mem.stop_process_measure()
-    del trainer, model, history
-    gc.collect()
-    return measured
+    return {"categories": {c: int(mem.peak[c] - base_cur[c]) for c in CATEGORIES},
+            "peak_bytes": int(mem.total_peak - base_total),
+            "process_peak_bytes": proc_peak,
+            "window_peak_bytes": int(mem.total_peak - win_tracker),
+            "process_window_peak_bytes": (None if proc_peak is None
+                                          else int(proc_peak + proc0 - win_proc)),
+            "process_measure": "tracemalloc" if dev.kind == "cpu" else "cupy memory pool",
+            "rss_peak_bytes": rss_high if rss_reset else None,
+            "rss_load_peak_bytes": rss_load, "rss_warmup_peak_bytes": rss_warm,
+            "rss_before_load_bytes": rss0, "steps": steps, "warmup_steps": warmup,
+            "step_time_s": float(np.mean([r["step_time_s"] for r in history])),
+            "metrics_jsonl_mem_peak": records[-1].get("mem_peak") if records else None}
 
 
 def _metrics_records(out):
