@@ -183,9 +183,10 @@ def test_ranks_of_a_machine_take_its_gpus_in_turn():
 
 
 # Each rank under mpiexec asks its World for `device: cuda:0` on a machine with `count` GPUs
-# (a stand-in Device: this machine has none) and prints the GPU it got or the error.
+# (a stand-in Device: this machine has none) and writes the GPU it got, or the error, to a file
+# of its own in argv[1] (the ranks' stdout can reach the launcher interleaved).
 GPU_PER_RANK = """
-import json, sys
+import json, pathlib, sys
 from packlora.errors import ConfigError
 from packlora.training import distributed
 class FakeGpu:
@@ -198,7 +199,8 @@ try:
     got = world.device("cuda:0").index
 except ConfigError as e:
     got = str(e)
-print(json.dumps([world.rank, list(world.node()[:2]), got]))
+result = json.dumps([world.rank, list(world.node()[:2]), got])
+(pathlib.Path(sys.argv[1]) / f"rank{{world.rank}}.json").write_text(result)
 """
 
 
@@ -206,7 +208,7 @@ print(json.dumps([world.rank, list(world.node()[:2]), got]))
 def test_ranks_on_one_machine_get_a_gpu_each_or_a_clear_error(count, tmp_path):
     done = on_two_ranks(GPU_PER_RANK.format(count=count), tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    ranks = sorted(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     if count == 2:
         assert ranks == [[0, [0, 2], 0], [1, [1, 2], 1]]
         return
