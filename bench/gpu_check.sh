@@ -2,9 +2,11 @@
 # The GPU checks, in one call on a GPU machine: the GPU tests (not the simulator ones), the
 # packed kernels against cuBLAS, dropout masks' generator (Philox against XORWOW), and a QLoRA
 # step of a SmolLM2-shaped and a 7B-shaped random model (SmolLM2 in float32 and with TF32 tensor
-# cores). Writes JSON and logs to the folder given as $1; each stage runs even if one before it
-# failed, each under its own time limit (590 s at most in all, under a device call's 600; the
-# tests compile each kernel once per format, about a minute of it).
+# cores), and last where the SmolLM2 step's host time goes (cProfile). Writes JSON and logs to
+# the folder given as $1; each stage runs even if one before it failed, each under its own time
+# limit (590 s at most before the profile, under a device call's 600: the profile, last, is what
+# a call that runs out of time loses; the tests compile each kernel once per format, about a
+# minute of it).
 #
 #   bash bench/gpu_check.sh OUTDIR [WHEEL_DIR]
 #
@@ -47,4 +49,6 @@ stage smollm2 "${SMOL_S:-85}" train_smollm2.json python3 bench/gpu_train_step.py
     --model smollm2 --out /tmp/gpu-models --precisions float32,tf32
 stage llama7b "${LLAMA_S:-180}" train_llama7b.json python3 bench/gpu_train_step.py \
     --model llama7b --out /tmp/gpu-models --layers "${LLAMA_LAYERS:-32}"
+stage profile "${PROFILE_S:-40}" profile_smollm2.json python3 bench/gpu_train_step.py \
+    --model smollm2 --out /tmp/gpu-models --profile
 cat "$OUT/stages.jsonl"

@@ -6,19 +6,30 @@ packlora.memory.measure on `device: cuda` (NF4 + double quantization, LoRA on ev
 layer): one warm-up step, then `--steps` measured ones, for each of `--precisions` in turn
 (float32; tf32: the run's `tf32: true`, cuBLAS on TF32 tensor cores), each from a fresh load.
 The peak is cupy's pool, taken at every allocation from it; the plan is memory-report's.
-Prints a JSON list, one object per precision.
+Prints a JSON list, one object per precision. With --profile it instead runs `--steps` steps
+(float32, after a warm-up) under cProfile, the GPU synchronised at the end, and prints where the
+host's time went: the functions with the most time of their own and the most in all.
 
 Usage: python bench/gpu_train_step.py --model smollm2|llama7b --out DIR [--layers N] [--steps 2]
-       [--precisions float32,tf32] [--device cuda:0]
+       [--precisions float32,tf32] [--device cuda:0] [--profile]
 """
 import argparse
+import cProfile
 import json
+import pstats
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import packlora as pl  # noqa: I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
+from packlora.adapters import apply_lora
+from packlora.config import resolve_config
+from packlora.memory.measurement import random_examples
+from packlora.models import load_model
+from packlora.training.run import run_device
+from packlora.training.trainer import Trainer
 
 SHAPES = {  # config.json of each shape (Llama family)
     "smollm2": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
@@ -92,6 +103,37 @@ def _summary(rep, tokens):
     }
 
 
+def profile(run, batch, seq, steps, top=40):
+    """Host time of `steps` training steps of `run` by function (cProfile), after a warm-up."""
+    cfg = resolve_config(run)
+    dev = run_device(cfg)
+    model = load_model(cfg.model, dev, quant=cfg.quant, with_tokenizer=False)
+    apply_lora(model, cfg.lora)
+    examples = random_examples(batch, seq, model.config.vocab_size, cfg.train.seed)
+    tcfg = cfg.train.model_copy(update={"max_steps": steps + 1, "save_every": 0,
+                                        "eval_every": 0, "epochs": None})
+    with tempfile.TemporaryDirectory(prefix="packlora-profile-") as out:
+        trainer = Trainer(model, examples, tcfg, output_dir=out, progress=False)
+        trainer.train_step()
+        dev.sync()
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(steps):
+            trainer.train_step()
+        dev.sync()
+        prof.disable()
+        wall = (time.perf_counter() - t0) / steps
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, ncalls, own, all, callers)
+
+    def rows(col):
+        best = sorted(stats.items(), key=lambda kv: -kv[1][col])[:top]
+        return [{"function": f"{Path(f).name}:{line}:{name}", "calls": v[1],
+                 "own_ms_per_step": round(1e3 * v[2] / steps, 2),
+                 "all_ms_per_step": round(1e3 * v[3] / steps, 2)} for (f, line, name), v in best]
+    return {"step_s_profiled": round(wall, 4), "by_own_time": rows(2), "by_all_time": rows(3)}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", choices=sorted(SHAPES), default="smollm2")
@@ -100,6 +142,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--precisions", default="float32", help="float32 and/or tf32, in that order")
     p.add_argument("--device", default="cuda", help="cuda, cuda:N (or cpu, to try the script)")
+    p.add_argument("--profile", action="store_true", help="where a float32 step's host time goes")
     args = p.parse_args(argv)
     precisions = args.precisions.split(",")
     if not set(precisions) <= {"float32", "tf32"}:
@@ -117,6 +160,10 @@ def main(argv=None):
            "data": {"train": str(out / "train.jsonl"), "max_seq_len": seq, "format": "text"},
            "train": {"batch_size": batch, "grad_checkpointing": ckpt, "max_steps": 10},
            "output_dir": str(out / "run")}
+    if args.profile:
+        print(json.dumps({"model": args.model, "layers": cfg["num_hidden_layers"], "batch": batch,
+                          "seq": seq, **profile(run, batch, seq, args.steps)}, indent=1))
+        return 0
     results = []
     for precision in precisions:
         t0 = time.perf_counter()
