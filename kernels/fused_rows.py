@@ -166,6 +166,11 @@ def dscores_t_(xp, dpt, pt, delta_t, scale):
 
 
 # -- cross-entropy of a logits chunk ----------------------------------------------------------
+# Bytes of exp(z - max) the array-expression forward (the GPU's) holds at once: a whole chunk's
+# would be two (c, V) temporaries, which no memory plan counts (48 MiB each at SmolLM2's vocab).
+CE_TEMP_BYTES = 8 << 20
+
+
 def ce_forward(xp, z, t, ignore):
     """(lse (c,), summed nll) of a logits chunk z (c, V) and its targets t (c,)."""
     if takes(xp, z):
@@ -173,8 +178,14 @@ def ce_forward(xp, z, t, ignore):
         nll = np.empty(z.shape[0], np.float32)
         cpu_ce.ce_rows(z, t.astype(np.int64, copy=False), ignore, lse, nll)
         return lse, float(nll.sum(dtype=np.float64))
-    m = z.max(axis=1)
-    lse = m + xp.log(xp.exp(z - m[:, None]).sum(axis=1))
+    m = z.max(axis=1)                                               # (c,)
+    lse = xp.empty_like(m)
+    rows = max(1, CE_TEMP_BYTES // (z.itemsize * z.shape[1]))
+    for r0 in range(0, z.shape[0], rows):  # exp(z - max), `rows` rows at a time: (rows, V)
+        e = z[r0:r0 + rows] - m[r0:r0 + rows, None]
+        xp.exp(e, out=e)
+        lse[r0:r0 + rows] = xp.log(e.sum(axis=1))
+    lse += m
     ok = t != ignore
     picked = z[xp.arange(z.shape[0]), xp.where(ok, t, 0)]
     return lse, float(((lse - picked) * ok).sum())

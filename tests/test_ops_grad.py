@@ -6,6 +6,7 @@ import packlora as pl
 import pytest
 from gradcheck import DEV, check, leaf, traced
 from packlora import ops
+from packlora.kernels import fused_rows
 from packlora.ops.head_loss import head_cross_entropy
 
 
@@ -177,7 +178,12 @@ def test_head_cross_entropy_only_meets_target_rows(chunk):
     assert not h.grad.numpy()[~keep].any()
 
 
-def test_cross_entropy_chunks_and_ignore():
+@pytest.mark.parametrize("temp_rows", [None, 2])
+def test_cross_entropy_chunks_and_ignore(temp_rows, monkeypatch):
+    """temp_rows: the array-expression forward (the GPU's) holds exp(z - max) for so many rows
+    at a time (chunks of 3 and 4 rows: ragged blocks)."""
+    if temp_rows:
+        monkeypatch.setattr(fused_rows, "CE_TEMP_BYTES", temp_rows * 11 * 8)
     logits = leaf((2, 5, 11), 21)
     targets = np.array([[1, 2, -100, 4, 10], [0, -100, 3, 3, 7]])
     check(lambda x: ops.cross_entropy(x, targets, chunk=3), [logits])
