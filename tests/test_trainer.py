@@ -373,6 +373,21 @@ def test_nan_loss_stops_with_clear_error_and_keeps_checkpoint(setup, tmp_path, m
     assert all(np.isfinite(p.numpy()).all() for _, p in tr.model.trainable())
 
 
+def test_step_in_backward_stops_on_a_gradient_that_is_not_finite(setup, monkeypatch):
+    """step_in_backward sums the gradients' squares where they live and checks the norm once,
+    after backward (one host copy a step on a GPU): a NaN gradient still stops the run."""
+    tr = _trainer(setup["model"], _examples(4, 8), batch_size=4, max_grad_norm=None,
+                  step_in_backward=True)
+    orig = tr._apply_now
+
+    def poisoned(p):  # each gradient as backward completes it
+        p.grad.data[...] = np.nan
+        return orig(p)
+    monkeypatch.setattr(tr, "_apply_now", poisoned)
+    with pytest.raises(TrainingError, match=r"step 1: the gradient norm is nan \(not finite\)"):
+        tr.run()
+
+
 def test_disk_full_keeps_previous_checkpoint(setup, tmp_path, monkeypatch):
     out = tmp_path / "full"
     orig = ckpt_mod.save_safetensors

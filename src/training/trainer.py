@@ -161,7 +161,9 @@ class Trainer:
             for _, p in self.opt.params:  # a grad the tape never reported complete
                 if p.grad is not None:
                     self._apply_now(p)
-            norm = math.sqrt(self._grad_sq)
+            norm = math.sqrt(float(self._grad_sq))  # summed on the device: one host copy
+            if not math.isfinite(norm):
+                raise TrainingError(self._bad_loss_message(norm, "gradient norm"))
         else:
             norm = self._clip_and_step(lr)
         self.opt.zero_grad()
@@ -181,10 +183,7 @@ class Trainer:
         if name is None:
             return
         g = p.grad.data
-        sq = float((g * g).sum(dtype=np.float64))
-        if not math.isfinite(sq):
-            raise TrainingError(self._bad_loss_message(sq, "gradient norm"))
-        self._grad_sq += sq
+        self._grad_sq = self._grad_sq + (g * g).sum(dtype=np.float64)  # checked after backward
         with self.device.memory.category("optimizer"):
             self.opt.update(name, p)
         p.grad = None
