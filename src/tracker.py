@@ -21,17 +21,18 @@ def _owner(array):
     return base
 
 
-def _peak_hook(base, sample):
+def _peak_hook(base, sample, name):
     """A memory hook (a subclass of cupy's MemoryHook `base`) that calls sample() after every
-    allocation from the pool."""
+    allocation from the pool; `name` unique among the hooks entered at once (cupy's key)."""
 
     class PeakHook(base):
-        name = "packlora_peak"
 
         def malloc_postprocess(self, **kwargs):
             sample()
 
-    return PeakHook()
+    hook = PeakHook()
+    hook.name = name
+    return hook
 
 
 class MemoryTracker:
@@ -143,7 +144,8 @@ class MemoryTracker:
         if self.pool is not None and self._pool_peak is None:
             self._pool_peak = self.pool.used_bytes()
             if self._hook_base is not None:
-                self._hook = _peak_hook(self._hook_base, self._sample_pool)
+                self._hook = _peak_hook(self._hook_base, self._sample_pool,
+                                        f"packlora_peak_{id(self)}")
                 self._hook.__enter__()
 
     def stop_process_measure(self):
