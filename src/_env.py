@@ -2,6 +2,7 @@
 import ctypes
 import os
 import sys
+import warnings
 
 # Numba's parallel regions run on GNU OpenMP threads that spin briefly (GOMP_SPINCOUNT, which
 # outranks OMP_WAIT_POLICY) and then sleep: a region starts in ~2 us, where the workqueue layer
@@ -16,6 +17,16 @@ DEFAULTS = {"NUMBA_THREADING_LAYER_PRIORITY": "omp workqueue tbb", "GOMP_SPINCOU
 APPLIED = tuple(var for var in DEFAULTS if var not in os.environ)
 for _var in APPLIED:
     os.environ[_var] = DEFAULTS[_var]
+
+# numpy imported first has started OpenBLAS, whose threads read OPENBLAS_THREAD_TIMEOUT as they
+# start: they keep spinning after each call and slow the Numba kernels that alternate with BLAS,
+# up to 2x at small batches (a benchmark that imported numpy first, 73a4c28). Said once, here.
+LATE_FOR_BLAS = "numpy" in sys.modules and "OPENBLAS_THREAD_TIMEOUT" in APPLIED
+if LATE_FOR_BLAS:
+    warnings.warn("numpy was imported before packlora, so its BLAS threads started without "
+                  "packlora's settings and keep spinning between calls (packlora's kernels then "
+                  "run up to 2x slower at small batches): import packlora first, or set "
+                  "OPENBLAS_THREAD_TIMEOUT=1 before Python starts", RuntimeWarning, stacklevel=2)
 
 # Threads: PACKLORA_THREADS sets the BLAS and Numba pools outright. Under an MPI launcher the
 # cores of a host are shared by its ranks (MPICH/Hydra, Open MPI and Slurm say how many run

@@ -54,3 +54,18 @@ def test_the_user_s_own_threading_settings_win():
     assert got["layer"] == "workqueue" and got["spin"] == "0"
     assert got["gemv_serial"]  # each parallel region costs ~0.1 ms there
     assert "GOMP_SPINCOUNT" not in got["applied"]
+
+
+def _stderr_of(code, **env):
+    clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=clean | env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stderr
+
+
+def test_numpy_imported_first_is_said_once():
+    late = "numpy was imported before packlora, so its BLAS threads started without"
+    assert _stderr_of("import numpy; import packlora; import packlora.kernels").count(late) == 1
+    assert late not in _stderr_of("import packlora; import numpy")
+    assert late not in _stderr_of("import numpy; import packlora", OPENBLAS_THREAD_TIMEOUT="1")
