@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _env  # noqa: F401  (thread-pool settings before numpy/numba load)
 from .errors import DeviceError
-from .rng import CountingRng
+from .rng import CountingRng, is_counting_state
 from .tracker import MemoryTracker
 
 _STATES = {}
@@ -21,11 +21,11 @@ DEFAULT_SCRATCH_CAP = DEFAULT_SCRATCH_MIB["cpu"] << 20
 class _State:
     """What one physical device owns, shared by its autodiff and plain views."""
 
-    def __init__(self, kind, xp):
+    def __init__(self, kind, xp, index):
         self.xp = xp
         gpu = kind != "cpu"
         self.memory = MemoryTracker(kind, xp.get_default_memory_pool() if gpu else None,
-                                    xp.cuda.MemoryHook if gpu else None)
+                                    xp.cuda.MemoryHook if gpu else None, index)
         self.rng = _make_rng(kind, xp, None)
         self.seed_value = None
         self.scratch_cap = DEFAULT_SCRATCH_MIB[kind] << 20
@@ -74,7 +74,7 @@ def _state(kind, index):
     key = (kind, index)
     if key not in _STATES:
         xp = np if kind == "cpu" else _load_cupy(index)
-        _STATES[key] = _State(kind, xp)
+        _STATES[key] = _State(kind, xp, index)
     return _STATES[key]
 
 
@@ -177,7 +177,7 @@ class Device:
         from it instead, with a warning, since dropout then draws other masks than an
         uninterrupted run would."""
         rng = self._state.rng
-        counting = isinstance(state, dict) and bool(state.get("counting_rng"))
+        counting = is_counting_state(state)
         if counting != isinstance(rng, CountingRng):
             text = json.dumps(state, sort_keys=True, default=str).encode()
             self.seed(int(hashlib.sha256(text).hexdigest()[:15], 16))

@@ -6,7 +6,14 @@ saved state replays the same numbers on resume and in recomputed (checkpointed) 
 generator is Philox 4x32-10: cupy's default, XORWOW, sets up each of its ~270k per-thread states
 (about 13 MB on an H100) with cuRAND's skip-ahead to a subsequence, a slow init for every draw
 (each dropout mask), where Philox's init only sets a counter."""
+import warnings
+
 import numpy as np
+
+
+def is_counting_state(value):
+    """Whether a saved generator state is a CountingRng's (else numpy's bit generator's)."""
+    return isinstance(value, dict) and bool(value.get("counting_rng"))
 
 
 class CountingRng:
@@ -21,12 +28,18 @@ class CountingRng:
 
     @property
     def state(self):
-        return {"counting_rng": True, "seed": self.seed, "draws": self.draws}
+        return {"counting_rng": True, "bits": self._bits.__name__, "seed": self.seed,
+                "draws": self.draws}
 
     @state.setter
     def state(self, value):
-        if not (isinstance(value, dict) and value.get("counting_rng")):
+        if not is_counting_state(value):
             raise ValueError(f"not a CountingRng state: {value!r:.80}")
+        saved = value.get("bits", "the array module's default generator")  # before Philox
+        if saved != self._bits.__name__:
+            warnings.warn(f"the saved random state drew from {saved}, this generator from "
+                          f"{self._bits.__name__}: dropout goes on with other masks than the "
+                          "run that saved it would have drawn", stacklevel=2)
         self.seed, self.draws = int(value["seed"]), int(value["draws"])
 
     def _next(self):

@@ -21,14 +21,17 @@ def _owner(array):
     return base
 
 
-def _peak_hook(base, sample, name):
+def _peak_hook(base, sample, device_id, name):
     """A memory hook (a subclass of cupy's MemoryHook `base`) that calls sample() after every
-    allocation from the pool; `name` unique among the hooks entered at once (cupy's key)."""
+    allocation from the pool on GPU `device_id` (cupy calls it for every GPU's; the pool's used
+    bytes are those of the GPU allocating); `name` unique among the hooks entered at once
+    (cupy's key)."""
 
     class PeakHook(base):
 
         def malloc_postprocess(self, **kwargs):
-            sample()
+            if kwargs.get("device_id") == device_id:
+                sample()
 
     hook = PeakHook()
     hook.name = name
@@ -46,10 +49,11 @@ class MemoryTracker:
     category tracks count too; and at every tracked allocation.
     """
 
-    def __init__(self, kind="cpu", pool=None, hook_base=None):
+    def __init__(self, kind="cpu", pool=None, hook_base=None, device_id=0):
         self.kind = kind
         self.pool = pool
         self._hook_base = hook_base
+        self._device_id = device_id  # the GPU whose allocations the hook samples
         self._hook = None  # the hook entered while measuring on a GPU
         self.current = {c: 0 for c in CATEGORIES}
         self.peak = {c: 0 for c in CATEGORIES}
@@ -144,7 +148,7 @@ class MemoryTracker:
         if self.pool is not None and self._pool_peak is None:
             self._pool_peak = self.pool.used_bytes()
             if self._hook_base is not None:
-                self._hook = _peak_hook(self._hook_base, self._sample_pool,
+                self._hook = _peak_hook(self._hook_base, self._sample_pool, self._device_id,
                                         f"packlora_peak_{id(self)}")
                 self._hook.__enter__()
 

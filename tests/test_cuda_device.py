@@ -33,6 +33,9 @@ def test_counting_rng_state_replays_the_same_draws():
     assert not np.array_equal(CountingRng(np, 8).random(5), CountingRng(np, 7).random(5))
     with pytest.raises(ValueError, match="not a CountingRng state"):
         rng.state = {"bit_generator": "PCG64"}
+    older = {k: v for k, v in state.items() if k != "bits"}  # saved before Philox
+    with pytest.warns(UserWarning, match="drew from the array module's default generator"):
+        rng.state = older
 
 
 def _crashing_after(step):
@@ -99,11 +102,13 @@ def test_resume_on_the_other_kind_of_device_seeds_from_the_saved_state(tiny, tmp
     assert len(runs[0]) == 2 and all(np.isfinite(runs[0])) and runs[0] == runs[1]
     dev = Device.cpu()                                  # and a CPU state on a GPU's generator
     state = dev.rng_state()
-    monkeypatch.setattr(device_mod, "_make_rng", lambda kind, xp, seed: CountingRng(xp, seed))
-    dev.seed(0)
-    with pytest.warns(UserWarning, match=r"another device's \(cpu\)"):
-        dev.set_rng_state(state)
-    assert isinstance(dev.rng, CountingRng)
+    with monkeypatch.context() as m:
+        m.setattr(device_mod, "_make_rng", lambda kind, xp, seed: CountingRng(xp, seed))
+        dev.seed(0)
+        with pytest.warns(UserWarning, match=r"another device's \(cpu\)"):
+            dev.set_rng_state(state)
+        assert isinstance(dev.rng, CountingRng)
+    dev.seed(0)  # the CPU's own generator again, for the tests after this one
 
 
 def test_a_gpu_input_for_a_host_weight_is_refused_in_words():
@@ -132,21 +137,24 @@ class _Pool:
 
 
 class _HookBase:
-    """cupy.cuda.MemoryHook as the tracker uses it: entered hooks hear of each pool malloc."""
-    entered = []
+    """cupy.cuda.MemoryHook as the tracker uses it: entered hooks, keyed by their names (a
+    second of one name is refused, as cupy does), hear of each pool malloc on any GPU."""
+    entered = {}
 
     def __enter__(self):
-        _HookBase.entered.append(self)
+        if self.name in _HookBase.entered:
+            raise KeyError(f"memory hook {self.name} already exists")
+        _HookBase.entered[self.name] = self
         return self
 
     def __exit__(self, *exc):
-        _HookBase.entered.remove(self)
+        del _HookBase.entered[self.name]
 
 
-def _pool_malloc(pool, nbytes):
+def _pool_malloc(pool, nbytes, device_id=0):
     pool.used += nbytes
-    for hook in _HookBase.entered:
-        hook.malloc_postprocess(size=nbytes, mem_size=nbytes)
+    for hook in list(_HookBase.entered.values()):
+        hook.malloc_postprocess(device_id=device_id, size=nbytes, mem_size=nbytes)
 
 
 def test_gpu_process_peak_counts_what_no_category_tracks():
@@ -157,12 +165,40 @@ def test_gpu_process_peak_counts_what_no_category_tracks():
     pool.used -= 1 << 20
     assert mem.process_measure() == (1000, 1000 + (1 << 20))
     mem.stop_process_measure()
-    assert _HookBase.entered == [] and mem.process_measure() == (None, None)
+    assert _HookBase.entered == {} and mem.process_measure() == (None, None)
     _pool_malloc(pool, 1 << 22)          # not measuring: not heard
     pool.used -= 1 << 22
     mem.start_process_measure()
     assert mem.process_measure() == (1000, 1000)
     mem.stop_process_measure()
+
+
+class _SharedPool:
+    """cupy's default pool: one object for every GPU, its used bytes the current GPU's."""
+
+    def __init__(self):
+        self.used, self.current = {0: 1000, 1: 2000}, 0
+
+    def used_bytes(self):
+        return self.used[self.current]
+
+
+def test_gpu_process_peaks_of_two_gpus_measured_at_once():
+    """Each tracker's hook has a name of its own and samples its own GPU's allocations only."""
+    pool = _SharedPool()
+    mems = [MemoryTracker("cuda", pool, _HookBase, gpu) for gpu in (0, 1)]
+    for mem in mems:
+        mem.start_process_measure()
+    pool.current = 1                                # GPU 1 allocates (and is current)
+    pool.used[1] += 1 << 20
+    for hook in list(_HookBase.entered.values()):
+        hook.malloc_postprocess(device_id=1, size=1 << 20, mem_size=1 << 20)
+    pool.used[1] -= 1 << 20
+    pool.current = 0
+    assert [mem.process_measure()[1] for mem in mems] == [1000, 2000 + (1 << 20)]
+    for mem in mems:
+        mem.stop_process_measure()
+    assert _HookBase.entered == {}
 
 
 def test_gpu_process_measure_is_a_peak_not_the_current_total():
