@@ -42,8 +42,9 @@ def test_nan_loss_stops_with_clear_error_and_keeps_checkpoint(setup, tmp_path, m
 
 
 def test_step_in_backward_stops_on_a_gradient_that_is_not_finite(setup, monkeypatch):
-    """step_in_backward sums the gradients' squares where they live and checks the norm once,
-    after backward (one host copy a step on a GPU): a NaN gradient still stops the run."""
+    """step_in_backward on the CPU checks each gradient before its update (on a GPU the norm is
+    summed where the gradients live and checked once, after backward): a NaN gradient stops the
+    run, and no adapter took it."""
     tr = _trainer(setup["model"], _examples(4, 8), batch_size=4, max_grad_norm=None,
                   step_in_backward=True)
     orig = tr._apply_now
@@ -52,8 +53,11 @@ def test_step_in_backward_stops_on_a_gradient_that_is_not_finite(setup, monkeypa
         p.grad.data[...] = np.nan
         return orig(p)
     monkeypatch.setattr(tr, "_apply_now", poisoned)
+    before = {n: p.numpy().copy() for n, p in tr.model.trainable()}
     with pytest.raises(TrainingError, match=r"step 1: the gradient norm is nan \(not finite\)"):
         tr.run()
+    for n, p in tr.model.trainable():
+        np.testing.assert_array_equal(p.numpy(), before[n], err_msg=n)
 
 
 def test_disk_full_keeps_previous_checkpoint(setup, tmp_path, monkeypatch):

@@ -162,8 +162,10 @@ class Trainer:
                 if p.grad is not None:
                     self._apply_now(p)
             norm = math.sqrt(float(self._grad_sq))  # summed on the device: one host copy
-            if not math.isfinite(norm):
-                raise TrainingError(self._bad_loss_message(norm, "gradient norm"))
+            if not math.isfinite(norm):  # on a GPU, known only now: the update has taken it
+                raise TrainingError(self._bad_loss_message(norm, "gradient norm") + (
+                    "; the adapter in memory has taken this step's update: reload it from that "
+                    "checkpoint"))
         else:
             norm = self._clip_and_step(lr)
         self.opt.zero_grad()
@@ -183,7 +185,10 @@ class Trainer:
         if name is None:
             return
         g = p.grad.data
-        self._grad_sq = self._grad_sq + (g * g).sum(dtype=np.float64)  # checked after backward
+        sq = (g * g).sum(dtype=np.float64)
+        if self.device.kind == "cpu" and not math.isfinite(sq):  # free to check here, and before
+            raise TrainingError(self._bad_loss_message(sq, "gradient norm"))  # the update
+        self._grad_sq = self._grad_sq + sq  # on a GPU: checked once, after backward
         with self.device.memory.category("optimizer"):
             self.opt.update(name, p)
         p.grad = None
