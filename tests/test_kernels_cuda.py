@@ -126,6 +126,10 @@ def _sim_gather(quantize, rng):
     rows = np.array([4, 1], dtype=np.int64)  # a row of 99: value by value, not in runs
     errs["nf4-k99"] = _rel_err(gather_rows(w, rows, np.empty((2, 99), np.float32)),
                                w.dequantize()[rows])
+    w = quantize(rng.standard_normal((3, 8192)).astype(np.float32), "q8_0")
+    rows = np.array([2, 0], dtype=np.int64)  # rows of two blocks each (the grid's y)
+    errs["q8_0-k8192"] = _rel_err(gather_rows(w, rows, np.empty((2, 8192), np.float32)),
+                                  w.dequantize()[rows])
     for fmt in KQUANTS:  # against gguf-checked numpy decoders (quant/kquants.py)
         w = random_packed(fmt, 9, 512, rng)
         rows = np.array([8, 0, 8, 5], dtype=np.int64)
@@ -213,7 +217,7 @@ def test_simulator_fp16_scale_decoding(sim):
 
 
 def test_simulator_gather_rows(sim):
-    assert len(sim["gather"]) == len(VARIANTS) + len(KQUANTS) + 1
+    assert len(sim["gather"]) == len(VARIANTS) + len(KQUANTS) + 2
     for name, err in sim["gather"].items():
         assert err == 0.0, (name, err)
 

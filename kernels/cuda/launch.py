@@ -56,7 +56,8 @@ def launch(build, grid, block, args, w, result=1):
     # never written back; only the result is copied to the host.
     args = [cuda.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
             for v in [*args, *wargs]]
-    kernel[grid, block](*args)
+    with _grids_are_ours():
+        kernel[grid, block](*args)
     args[result].copy_to_host(out)
 
 
