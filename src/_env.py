@@ -23,10 +23,11 @@ for _var in APPLIED:
 # up to 2x at small batches (a benchmark that imported numpy first, 73a4c28). Said once, here.
 LATE_FOR_BLAS = "numpy" in sys.modules and "OPENBLAS_THREAD_TIMEOUT" in APPLIED
 if LATE_FOR_BLAS:
-    warnings.warn("numpy was imported before packlora, so its BLAS threads started without "
-                  "packlora's settings and keep spinning between calls (packlora's kernels then "
-                  "run up to 2x slower at small batches): import packlora first, or set "
-                  "OPENBLAS_THREAD_TIMEOUT=1 before Python starts", RuntimeWarning, stacklevel=2)
+    warnings.warn("numpy was imported before packlora, so the BLAS it loaded started without "
+                  "packlora's thread settings (OpenBLAS's threads then spin between calls, which "
+                  "made packlora's kernels up to 2x slower at small batches): import packlora "
+                  "first, or set OPENBLAS_THREAD_TIMEOUT=1 before Python starts",
+                  RuntimeWarning, stacklevel=2)
 
 # Threads: PACKLORA_THREADS sets the BLAS and Numba pools outright. Under an MPI launcher the
 # cores of a host are shared by its ranks (MPICH/Hydra, Open MPI and Slurm say how many run

@@ -65,7 +65,7 @@ def _stderr_of(code, **env):
 
 
 def test_numpy_imported_first_is_said_once():
-    late = "numpy was imported before packlora, so its BLAS threads started without"
+    late = "numpy was imported before packlora, so the BLAS it loaded started without"
     assert _stderr_of("import numpy; import packlora; import packlora.kernels").count(late) == 1
     assert late not in _stderr_of("import packlora; import numpy")
     assert late not in _stderr_of("import numpy; import packlora", OPENBLAS_THREAD_TIMEOUT="1")

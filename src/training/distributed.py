@@ -104,10 +104,12 @@ class World:
         if self.size == 1 or kind != "cuda":
             return Device(kind, index, autodiff)
         local, ranks, node = self.node()
-        count = Device.cuda_count()
-        dev = Device(kind, rank_gpu(index, local, count), autodiff)
-        clash = shared_gpu(node.allgather(dev.bus_id))
-        node.Free()
+        try:
+            count = Device.cuda_count()
+            dev = Device(kind, rank_gpu(index, local, count), autodiff)
+            clash = shared_gpu(node.allgather(dev.bus_id))
+        finally:
+            node.Free()
         if clash is not None:
             raise ConfigError(f"device: {spec} with {ranks} ranks on this machine: its ranks "
                               f"{clash[0]} and {clash[1]} would share GPU {clash[2]} "
