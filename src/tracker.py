@@ -44,9 +44,9 @@ class MemoryTracker:
     Arrays are tracked by the buffer that owns their memory, so views are never counted twice.
     The independent measure is tracemalloc on the CPU (numpy reports its allocations to it) and
     cupy's memory pool on a GPU (`pool`, handed in by the device). The pool keeps no peak of its
-    own: while measuring, its used bytes are sampled at every allocation from it, through a
-    memory hook (`hook_base`: cupy.cuda.MemoryHook, handed in by the device), so temporaries no
-    category tracks count too; and at every tracked allocation.
+    own: while measuring, its used bytes are sampled at every allocation from it (tracked
+    arrays and the temporaries no category tracks alike), through a memory hook (`hook_base`:
+    cupy.cuda.MemoryHook, handed in by the device).
     """
 
     def __init__(self, kind="cpu", pool=None, hook_base=None, device_id=0):
@@ -122,8 +122,6 @@ class MemoryTracker:
         self.total += nbytes
         if self.total > self.total_peak:
             self.total_peak = self.total
-        if self._pool_peak is not None and nbytes > 0:
-            self._pool_peak = max(self._pool_peak, self.pool.used_bytes())
 
     def _release(self, key):
         entry = self._live.pop(key, None)

@@ -203,16 +203,17 @@ def test_gpu_process_peaks_of_two_gpus_measured_at_once():
 
 def test_gpu_process_measure_is_a_peak_not_the_current_total():
     pool = _Pool()
-    mem = MemoryTracker("cuda", pool)
+    mem = MemoryTracker("cuda", pool, _HookBase)
     assert mem.process_measure() == (None, None)      # off until measuring starts
     mem.start_process_measure()
-    pool.used += 4096
+    _pool_malloc(pool, 4096)                          # a tracked array's allocation
     big = mem.track(np.zeros(1024, np.float32), "activations")   # sampled: 5096 used
     pool.used -= 4096
     del big
     assert mem.process_measure() == (1000, 5096)
     mem.reset_peak()
     assert mem.process_measure() == (1000, 1000)
+    mem.stop_process_measure()
 
 
 def test_plan_counts_the_gpu_tile_for_large_batches(tmp_path):
