@@ -165,11 +165,11 @@ def _sim_weight_args(ops, quantize, rng):
 
 
 def _simulator_main():
-    # The simulator runs a block's threads as Python threads. Preempted every 0.1 ms, the
-    # N = 1 cases (9x1x96) came out wrong now and then: 6-8 of 180 runs, already at ff473b0,
-    # in every format, forward or backward. At 1 ms: 0 of 180, at about the same speed. The
-    # race was not found in the kernels (barriers as on a GPU); the GPU tests are the check.
-    sys.setswitchinterval(1e-3)
+    # Threads switch every 0.1 ms, so that a missing barrier in a kernel shows. The simulator's
+    # own race on shared arrays (cudasim_shared.py) is closed first.
+    sys.setswitchinterval(1e-4)
+    from cudasim_shared import lock_shared_arrays
+    lock_shared_arrays()
     from numba import config
     from packlora.kernels.cuda import ops
     from packlora.kernels.cuda.gemm import Tile
