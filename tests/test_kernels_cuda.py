@@ -1,4 +1,5 @@
-"""CUDA packed-linear kernels: Numba CUDA simulator (subprocess) on small shapes; cupy on a GPU."""
+"""CUDA packed-linear kernels in Numba's CUDA simulator (a subprocess), on small shapes, and
+the launch grids; on a real GPU: test_kernels_cuda_gpu.py."""
 import json
 import os
 import subprocess
@@ -304,94 +305,6 @@ def test_a_grid_past_cudas_limits_is_refused():
     for grid in [(1, 65536), (1, 1, 70000), (2**31,)]:
         with pytest.raises(DeviceError, match="CUDA allows at most"):
             launch(None, grid, 32, [None, None], None)
-
-
-# ---------------------------------------------------------------- real GPU (cupy)
-def _cupy():
-    try:
-        import cupy
-    except ImportError:
-        pytest.skip("no CUDA GPU: cupy not installed")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() == 0:
-            pytest.skip("no CUDA GPU: no device found")
-    except cupy.cuda.runtime.CUDARuntimeError as e:
-        pytest.skip(f"no CUDA GPU: {e}")
-    from numba import config
-    if config.ENABLE_CUDASIM:
-        pytest.skip("NUMBA_ENABLE_CUDASIM is set in this process; real-GPU test not possible")
-    return cupy
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt,dq", VARIANTS)
-@pytest.mark.parametrize("m", [1, 13, 300])
-def test_gpu_matches_dense(fmt, dq, m):
-    cp = _cupy()
-    from packlora.quant import quantize
-    rng = np.random.default_rng(1)
-    w = quantize(rng.standard_normal((576, 1536)).astype(np.float32), fmt, double_quant=dq)
-    _gpu_check_products(cp, w, m, rng, f"{fmt} dq={dq}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", KQUANTS)
-@pytest.mark.parametrize("m", [1, 13])
-def test_gpu_kquants_match_dense(fmt, m):
-    cp = _cupy()
-    rng = np.random.default_rng(3)
-    _gpu_check_products(cp, random_packed(fmt, 576, 1536, rng), m, rng, fmt)
-
-
-def _gpu_check_products(cp, w, m, rng, what):
-    """Forward and backward of host weight w moved to the GPU against cupy on its dense form,
-    twice: the second call replays the first's launches (kernels/cuda/prepared.py)."""
-    from packlora import Device, kernels
-    from packlora.errors import DeviceError
-    from packlora.kernels.cuda import launch, ops
-    n, k = w.shape
-    dense = cp.asarray(w.dequantize())                                  # (N, K)
-    wd = w.to_device(Device.cuda(0))
-    for call in ("first", "replayed"):
-        x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))      # (M, K)
-        dy = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))     # (M, N)
-        y = ops.linear_fwd(x, wd) if call == "first" else ops.linear_fwd(
-            x, wd, out=cp.full((m, n), cp.nan, dtype=cp.float32))  # zeroed where it adds up
-        out = cp.full((m, k), cp.nan, dtype=cp.float32)
-        dx = ops.linear_bwd(dy, wd, out=out)
-        assert isinstance(y, cp.ndarray) and dx is out
-        for got, ref in [(y, x @ dense.T), (dx, dy @ dense)]:
-            err = float(cp.abs(got - ref).max() / cp.abs(ref).max())
-            assert err < 1e-4, f"{what} M={m}, {call} call: rel err {err}"
-    replays = launch._kept(wd, cp).prepared
-    assert replays and all(p is not None for p in replays.values()), (what, replays)
-    with pytest.raises(DeviceError, match="w.to_device"):
-        ops.linear_fwd(x, w)                                            # w still on the host
-    with pytest.raises(DeviceError, match="w.to_device"):
-        kernels.linear_fwd(x, w)                                        # ... through the entry
-    np.testing.assert_array_equal(wd.to_device(Device.cpu()).dequantize(), w.dequantize())
-
-
-@pytest.mark.gpu
-def test_gpu_weight_args_are_kept_device_views():
-    cp = _cupy()
-    from numba import cuda
-    from packlora import Device
-    from packlora.kernels.cuda import ops
-    from packlora.kernels.cuda.launch import weight_args
-    from packlora.quant import quantize
-    rng = np.random.default_rng(2)
-    dev = Device.cuda(0)
-    w, other = (quantize(rng.standard_normal((64, 256)).astype(np.float32), "q8_0")
-                .to_device(dev) for _ in range(2))
-    first = weight_args(w, cp)
-    assert weight_args(w, cp) is first
-    assert all(cuda.is_cuda_array(a) and not isinstance(a, cp.ndarray) for a in first
-               if not isinstance(a, int))
-    x = cp.asarray(rng.standard_normal((3, 256)).astype(np.float32))   # (M, K)
-    w.buffers["blocks"] = other.buffers["blocks"]
-    ref = x @ cp.asarray(other.dequantize()).T
-    assert float(cp.abs(ops.linear_fwd(x, w) - ref).max() / cp.abs(ref).max()) < 1e-5
 
 
 if __name__ == "__main__":
