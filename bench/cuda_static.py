@@ -1,6 +1,6 @@
 """What the CUDA kernels compile to, without a GPU: registers, stack (local memory) and spills
-per thread and shared memory per block from ptxas, and PTX instructions, per kernel and format,
-as JSON;
+per thread and shared memory per block from ptxas, and PTX instructions (all; fma.rn.f32; loads
+from global and from shared memory: reads per multiply-add), per kernel and format, as JSON;
 and, as a measure of decoding cost, the straight-line PTX of one run of 8 values decoded by
 `decode_run` (any run) and by `decode_group` (a run inside one scale group: the hot loops).
 
@@ -113,9 +113,12 @@ def kernel_stats(kernel, sig, cc):
     compile_s = time.perf_counter() - t0
     body = [ln for ln in (raw.strip() for raw in ptx.splitlines())
             if ln and ln.endswith(";") and not ln.startswith((".", "//"))]
-    local = sum(1 for ln in body if ln.startswith(("ld.local", "st.local")))
-    return {**_ptxas(ptx, cc), "ptx_instructions": len(body), "ptx_local_accesses": local,
-            "compile_s": round(compile_s, 2)}
+    def count(*prefixes):
+        return sum(1 for ln in body if ln.startswith(prefixes))
+    return {**_ptxas(ptx, cc), "ptx_instructions": len(body),
+            "ptx_local_accesses": count("ld.local", "st.local"),
+            "ptx_fma": count("fma.rn.f32"), "ptx_global_loads": count("ld.global"),
+            "ptx_shared_loads": count("ld.shared"), "compile_s": round(compile_s, 2)}
 
 
 def main():

@@ -139,16 +139,19 @@ def _sim_gather(quantize, rng):
     return errs
 
 
-def _sim_patched(ops, Tile, quantize, rng, name, value, cases):
-    """_sim_case for each (fmt, dq, (M, N, K)) with ops.<name> set to value meanwhile."""
-    saved = getattr(ops, name)
-    setattr(ops, name, value)
+def _sim_patched(ops, Tile, quantize, rng, patches, cases):
+    """_sim_case for each (fmt, dq, (M, N, K)) with ops' attributes set as `patches` says
+    meanwhile."""
+    saved = {name: getattr(ops, name) for name in patches}
+    for name, value in patches.items():
+        setattr(ops, name, value)
     try:
-        return {f"{fmt}{'_dq' if dq else ''}-m{shape[0]}":
+        return {f"{fmt}{'_dq' if dq else ''}-{'x'.join(map(str, shape))}":
                 _sim_case(ops, Tile, quantize, rng, (fmt, dq, shape, None, None))
                 for fmt, dq, shape in cases}
     finally:
-        setattr(ops, name, saved)
+        for name, value in saved.items():
+            setattr(ops, name, value)
 
 
 def _sim_weight_args(ops, quantize, rng):
@@ -182,15 +185,19 @@ def _simulator_main():
     out["api"] = _sim_api(ops, quantize, rng)
     out["gather"] = _sim_gather(quantize, rng)
     out["weight_args"] = _sim_weight_args(ops, quantize, rng)
-    # the GEMV at every row bound (GEMV_MAX_M raised to gemv.MAX_M), M up to 16
+    # the GEMV at every row bound (GEMV_MAX_M raised to gemv.MAX_M), M up to 16; N not a
+    # multiple of a warp's rows of W, K not of a block's chunk of x
+    every_bound = {"GEMV_MAX_M": ops.gemv.MAX_M}
     out["gemv_rows"] = _sim_patched(
-        ops, Tile, quantize, rng, "GEMV_MAX_M", ops.gemv.MAX_M,
+        ops, Tile, quantize, rng, every_bound,
         [("q4_0", False, (16, 12, 256)), ("nf4", True, (9, 12, 256)),
-         ("q6_k", False, (4, 12, 256)), ("q8_0", False, (5, 12, 256))])
+         ("q6_k", False, (4, 12, 256)), ("q8_0", False, (5, 12, 256)),
+         ("nf4", False, (12, 13, 192)), ("q8_0", False, (3, 7, 288))])
     # the GEMV with the GPU's threads a block (eight warps; rows of W past N idle)
     out["gemv_gpu_threads"] = _sim_patched(
-        ops, Tile, quantize, rng, "SIM_GEMV_THREADS", ops.gemv.THREADS,
-        [("q4_k", False, (3, 20, 256)), ("nf4", True, (2, 9, 128))])
+        ops, Tile, quantize, rng, {**every_bound, "SIM_GEMV_THREADS": ops.gemv.THREADS},
+        [("q4_k", False, (3, 20, 256)), ("nf4", True, (2, 9, 128)),
+         ("q8_0", False, (12, 21, 160))])
     print(json.dumps(out))
 
 
@@ -243,12 +250,13 @@ def test_simulator_weight_args_follow_buffers(sim):
 
 
 def test_simulator_gemv_every_row_bound(sim):
+    assert len(sim["gemv_rows"]) == 6
     for case, res in sim["gemv_rows"].items():
         assert res["fwd"] < 2e-5 and res["bwd"] < 2e-5, (case, res)
 
 
 def test_simulator_gemv_with_the_gpus_threads(sim):
-    assert len(sim["gemv_gpu_threads"]) == 2
+    assert len(sim["gemv_gpu_threads"]) == 3
     for case, res in sim["gemv_gpu_threads"].items():
         assert res["fwd"] < 2e-5 and res["bwd"] < 2e-5, (case, res)
 

@@ -42,6 +42,23 @@ def test_gpu_kquants_match_dense(fmt, m):
     _gpu_check_products(cp, random_packed(fmt, 576, 1536, rng), m, rng, fmt)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,dq,n", [("nf4", True, 576), ("q8_0", False, 570),
+                                      ("q4_k", False, 574)])
+@pytest.mark.parametrize("m", [5, 16])
+def test_gpu_gemv_for_up_to_16_rows(monkeypatch, fmt, dq, n, m):
+    """The GEMV kernels built for 16 rows (GEMV_MAX_M raised as bench/kernels_cuda.py does);
+    N not a multiple of the forward warp's rows of W."""
+    cp = _cupy()
+    from packlora.kernels.cuda import ops
+    from packlora.quant import quantize
+    monkeypatch.setattr(ops, "GEMV_MAX_M", ops.gemv.MAX_M)
+    rng = np.random.default_rng(4)
+    w = (random_packed(fmt, n, 1536, rng) if fmt in KQUANTS else
+         quantize(rng.standard_normal((n, 1536)).astype(np.float32), fmt, double_quant=dq))
+    _gpu_check_products(cp, w, m, rng, f"{fmt} dq={dq} N={n}")
+
+
 def _gpu_check_products(cp, w, m, rng, what):
     """Forward and backward of host weight w moved to the GPU against cupy on its dense form,
     twice: the second call replays the first's launches (kernels/cuda/prepared.py)."""

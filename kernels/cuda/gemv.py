@@ -1,9 +1,12 @@
 """Small batches on a GPU (M <= ops.GEMV_MAX_M): the packed bytes of W are read once, coalesced,
 and decoded in registers; nothing dense is written.
 
-  forward   y = x @ W.T   one warp per row n of W; its lanes walk K in runs of FWD_SEG values and
-                          the warp sums its lanes' dot products (through shared memory, once for
-                          all rows of x)
+  forward   y = x @ W.T   a warp per `fwd_shape(rows)[0]` rows of W; its lanes walk K in runs
+                          of `fwd_shape(rows)[1]` values, the block's x staged in shared memory
+                          a chunk of K at a time (each lane's run in banks of its own), each
+                          value of x read there serving all of the warp's rows of W; the warp
+                          sums its lanes' dot products (through shared memory, once for all
+                          rows of x)
   backward  dx = dy @ W   a thread per run of BWD_SEG columns k, a block per chunk of W's rows;
                           the chunks' partial sums meet in dx (zeroed) by atomic adds
 Every run must be whole and inside one scale group (`fits`: K a multiple of the run, and the
@@ -21,14 +24,20 @@ MAX_M = 16        # rows of x (or dy) a launch takes at most: the per-thread acc
 SMALL_M = 4       # ... and the bound of the kernels built for the fewest rows (fewer registers)
 MAX_WARPS = 8     # warps per block at most (THREADS on a GPU)
 THREADS = 32 * MAX_WARPS
-FWD_SEG = 8       # consecutive values of a row one lane decodes at a time
+FWD_SEG = 8       # consecutive values of a row one lane decodes at a time (forward, M <= 4)
 BWD_SEG = 4
-_FWD_RUN, _BWD_RUN = (1, FWD_SEG), (1, BWD_SEG)  # local array shapes: compile-time constants
+_BWD_RUN = (1, BWD_SEG)  # local array shape: a compile-time constant
+# The forward for more than SMALL_M rows of x: a warp takes WIDE_W_ROWS rows of W, so that a
+# value of x read serves four multiply-adds (one, with a row of W each, left the reads setting
+# the pace); its runs are WIDE_SEG long, which keeps the loop fully unrolled (at 8 the
+# compiler left it rolled and its 64 sums in local memory).
+WIDE_W_ROWS = 4
+WIDE_SEG = 4
 
 
 def fits(w, bwd):
     """Whether the GEMV takes products with packed weight w: its runs whole and each inside
-    one scale group."""
+    one scale group (the forward's longest runs: the shorter ones then fit as well)."""
     return grouped(BWD_SEG if bwd else FWD_SEG, int(w.block_size), int(w.shape[1]))
 
 
@@ -37,43 +46,71 @@ def row_bound(m):
     return SMALL_M if m <= SMALL_M else MAX_M
 
 
+def fwd_shape(rows):
+    """(rows of W a warp takes, values of a lane's run) of the forward kernel for `rows` rows
+    of x."""
+    return (1, FWD_SEG) if rows <= SMALL_M else (WIDE_W_ROWS, WIDE_SEG)
+
+
 @functools.cache
 def gemv_fwd(fmt, dq, rows=SMALL_M):
     """The forward kernel for format id fmt (dq: double-quantized absmax), up to `rows` rows."""
-    parts = (MAX_WARPS, rows, 33)  # a lane's sum per row of x, padded: rows fall in other banks
+    nw, seg = fwd_shape(rows)
+    chunk = 32 * seg                # values of K the block's lanes take at a time
+    staged = (rows, 32, seg + 1)    # x's chunk by lane and run, padded: lanes in other banks
+    parts = (MAX_WARPS, rows, 33)   # a lane's sum per row of x, padded: rows in other banks
+    run = (nw, seg)                 # local array shapes: compile-time constants
+    accs = rows * nw
 
     @cuda.jit(cache=True)
     def kernel(x, y, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, cb):
-        # x (M, K), y (M, N); warp w of block b computes column n = b * warps + w of y
-        warps = cuda.blockDim.x >> 5
-        wid = cuda.threadIdx.x >> 5
-        lane = cuda.threadIdx.x & 31
-        n = cuda.blockIdx.x * warps + wid
-        mdim = x.shape[0]
-        live = n < y.shape[1]
-        w = cuda.local.array(_FWD_RUN, float32)
-        acc = cuda.local.array(rows, float32)
+        # x (M, K), y (M, N); warp w of block b computes columns n0 .. n0 + nw - 1 of y,
+        # n0 = (b * warps + w) * nw
+        tid = cuda.threadIdx.x
+        wid = tid >> 5
+        lane = tid & 31
+        n0 = (cuda.blockIdx.x * (cuda.blockDim.x >> 5) + wid) * nw
+        mdim, ndim = x.shape[0], y.shape[1]
+        w = cuda.local.array(run, float32)
+        acc = cuda.local.array(accs, float32)  # acc[m * nw + r]: row m of x, row n0 + r of W
+        dots = cuda.local.array(nw, float32)
+        xs = cuda.shared.array(staged, float32)
         part = cuda.shared.array(parts, float32)
-        for m in range(rows):
-            acc[m] = float32(0.0)
-        if live:
-            for k in range(lane * FWD_SEG, kdim, 32 * FWD_SEG):
-                decode_group(w, 0, 0, 0, 1, FWD_SEG, n, k, kdim, fmt, bs, dq, q, q16, absmax,
-                             amq, amcode, amscale, amoff, cb)
+        for i in range(accs):
+            acc[i] = float32(0.0)
+        for k0 in range(0, kdim, chunk):  # every warp, live or not, stages and meets
+            for e in range(tid, mdim * chunk, cuda.blockDim.x):  # coalesced along K
+                m = e // chunk
+                kk = e - m * chunk
+                if k0 + kk < kdim:
+                    xs[m, kk // seg, kk % seg] = x[m, k0 + kk]
+            cuda.syncthreads()
+            k = k0 + lane * seg
+            if n0 < ndim and k < kdim:
+                for r in range(nw):  # rows past N decode row N - 1 again; their sums go nowhere
+                    decode_group(w, r, 0, 0, 1, seg, min(n0 + r, ndim - 1), k, kdim, fmt, bs,
+                                 dq, q, q16, absmax, amq, amcode, amscale, amoff, cb)
                 for m in range(rows):
                     if m < mdim:
-                        s = float32(0.0)
-                        for t in range(FWD_SEG):
-                            s += x[m, k + t] * w[0, t]
-                        acc[m] += s
-        for m in range(rows):
-            part[wid, m, lane] = acc[m]
-        cuda.syncthreads()
-        if live and lane < mdim:  # lane m sums row m's 32 parts
-            s = float32(0.0)
-            for i in range(32):
-                s += part[wid, lane, i]
-            y[lane, n] = s
+                        for r in range(nw):
+                            dots[r] = float32(0.0)
+                        for t in range(seg):
+                            v = xs[m, lane, t]  # read once for all nw rows of W
+                            for r in range(nw):
+                                dots[r] += v * w[r, t]
+                        for r in range(nw):
+                            acc[m * nw + r] += dots[r]
+            cuda.syncthreads()
+        for r in range(nw):
+            for m in range(rows):
+                part[wid, m, lane] = acc[m * nw + r]
+            cuda.syncthreads()
+            if n0 + r < ndim and lane < mdim:  # lane m sums row m's 32 parts
+                s = float32(0.0)
+                for i in range(32):
+                    s += part[wid, lane, i]
+                y[lane, n0 + r] = s
+            cuda.syncthreads()
 
     return kernel
 

@@ -116,9 +116,10 @@ def _launch(a, c, w, bwd, tile):
 def _launch_gemv(a, c, w, bwd):
     threads = SIM_GEMV_THREADS if config.ENABLE_CUDASIM else gemv.THREADS
     bound = gemv.row_bound(a.shape[0])
-    if not bwd:  # a warp per row of W
+    if not bwd:  # a warp per gemv.fwd_shape(bound)[0] rows of W
         build = functools.partial(gemv.gemv_fwd, rows=bound)
-        launch(build, (_cdiv(c.shape[1], threads // 32),), threads, [a, c], w)
+        per_block = (threads // 32) * gemv.fwd_shape(bound)[0]
+        launch(build, (_cdiv(c.shape[1], per_block),), threads, [a, c], w)
         return
     n = a.shape[1]
     cols = _cdiv(c.shape[1], threads * gemv.BWD_SEG)
