@@ -19,9 +19,12 @@ KQUANT_SHAPES = [(3, 9, 512), (1, 5, 256)]
 # nf4/fp4/int8 only: blocks straddle rows, a tail block; odd numel (pad nibble), block 32; at
 # M = 3 a K the forward GEMV's runs do not divide (the tile kernel) and the backward's do.
 FLAT_SHAPES = [((7, 33, 100), 64), ((5, 9, 99), 32), ((3, 7, 100), 64)]
-# (fmt, dq, shape, block, tile args): other tile shapes (32 threads each).
+# (fmt, dq, shape, block, tile args): other tile shapes (32 threads each), and the small-M
+# candidates bench/kernels_cuda.py times (64 and 128 threads)
 TILE_CASES = [("nf4", True, (17, 20, 100), 64, (16, 16, 16, 4, 2, 4)),
-              ("q4_1", False, (9, 40, 64), 32, (8, 32, 32, 4, 8, 8))]
+              ("q4_1", False, (9, 40, 64), 32, (8, 32, 32, 4, 8, 8)),
+              ("q4_k", False, (13, 70, 512), None, (16, 64, 32, 4, 4, 8)),
+              ("nf4", True, (16, 130, 192), None, (16, 128, 32, 4, 4, 8))]
 # The tiles a GPU launches (kernels/cuda/ops.py), 256 threads each, on small ragged shapes; K
 # long enough that the reduction is split across blocks (atomic adds). M <= GEMV_MAX_M without
 # a tile (the other cases of M <= 4) runs the GEMV kernels (gemv.py).
