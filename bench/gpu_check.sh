@@ -6,7 +6,8 @@
 # the folder given as $1; each stage runs even if one before it failed, each under its own time
 # limit (590 s at most before the profile, under a device call's 600: the profile, last, is what
 # a call that runs out of time loses; the tests compile each kernel once per format, about a
-# minute of it).
+# minute of it). A device call brings back at most 8 files from its output folder: this writes
+# 8 (the GPU's name and package versions head logs.txt), and 8 while a stage still runs.
 #
 #   bash bench/gpu_check.sh OUTDIR [WHEEL_DIR]
 #
@@ -27,18 +28,22 @@ if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
         --target /tmp/site "$WHEELS"/*.whl || exit 1
     export PYTHONPATH=/tmp/site
 fi
+PARTS=$(mktemp -d)
 status() { echo "{\"stage\": \"$1\", \"rc\": $2, \"seconds\": $3}" >> "$OUT/stages.jsonl"; }
 stage() {  # stage NAME LIMIT_S OUTFILE command...
     local name=$1 limit=$2 file=$3 t0=$SECONDS
     shift 3
-    timeout "$limit" "$@" > "$OUT/$file" 2> "$OUT/stage.log"
+    # stdout into OUT when the stage ends: a call stopped mid-stage brings back its log instead
+    timeout "$limit" "$@" > "$PARTS/$file" 2> "$OUT/stage.log"
     status "$name" $? $((SECONDS - t0))
-    { echo "== $name"; tail -c 20000 "$OUT/stage.log"; } >> "$OUT/logs.txt"
+    mv "$PARTS/$file" "$OUT/$file"
+    # the kernels' rows as they finish (about 2 KB each) outlast a stage stopped at its limit
+    { echo "== $name"; tail -c 200000 "$OUT/stage.log"; } >> "$OUT/logs.txt"
     rm -f "$OUT/stage.log"
 }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c "import cupy, numba, numba_cuda, numpy; print(cupy.__version__, numba.__version__, \
-numba_cuda.__version__, numpy.__version__)" >> "$OUT/gpu.txt" 2>&1
+{ echo "== gpu"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import cupy, numba, numba_cuda, numpy; print(cupy.__version__, numba.__version__, \
+numba_cuda.__version__, numpy.__version__)"; } > "$OUT/logs.txt" 2>&1
 # --maxfail=3: one failing test does not hide the others' results (the call cannot be repeated)
 stage tests "${TESTS_S:-175}" tests.txt python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
     --maxfail=3 tests/test_cuda_device.py tests/test_kernels_cuda_gpu.py tests/test_quant.py
