@@ -24,10 +24,8 @@ from pathlib import Path
 
 import packlora as pl  # noqa: I001  (first: thread settings before numpy loads OpenBLAS)
 import numpy as np
-from packlora.adapters import apply_lora
 from packlora.config import resolve_config
-from packlora.memory.measurement import random_examples
-from packlora.models import load_model
+from packlora.memory.measurement import load_adapted, random_examples
 from packlora.training.run import run_device
 from packlora.training.trainer import Trainer
 
@@ -107,8 +105,7 @@ def profile(run, batch, seq, steps, top=40):
     """Host time of `steps` training steps of `run` by function (cProfile), after a warm-up."""
     cfg = resolve_config(run)
     dev = run_device(cfg)
-    model = load_model(cfg.model, dev, quant=cfg.quant, with_tokenizer=False)
-    apply_lora(model, cfg.lora)
+    model = load_adapted(cfg, cfg.model, dev)
     examples = random_examples(batch, seq, model.config.vocab_size, cfg.train.seed)
     tcfg = cfg.train.model_copy(update={"max_steps": steps + 1, "save_every": 0,
                                         "eval_every": 0, "epochs": None})

@@ -9,7 +9,9 @@ import numpy as np
 import packlora.device as device_mod
 import pytest
 from packlora import Device, kernels
+from packlora.errors import DeviceError
 from packlora.memory import plan
+from packlora.quant import quantize
 from packlora.rng import CountingRng
 from packlora.tracker import MemoryTracker
 from packlora.training.run import finetune
@@ -112,9 +114,6 @@ def test_resume_on_the_other_kind_of_device_seeds_from_the_saved_state(tiny, tmp
 
 
 def test_a_gpu_input_for_a_host_weight_is_refused_in_words():
-    from packlora.errors import DeviceError
-    from packlora.quant import quantize
-
     class GpuArray:  # what the kernels' entry point sees of a cupy array
         __cuda_array_interface__ = {}
     w = quantize(np.ones((4, 64), np.float32), "q8_0")
@@ -255,7 +254,6 @@ def test_gpu_products_through_the_entry_point(fmt, m):
     above: decoded tiles of at most the scratch cap, multiplied by cuBLAS. Inputs are strided
     views."""
     cp = _cupy()
-    from packlora.quant import quantize
     rng = np.random.default_rng(2)
     n, k = 700, 1024
     w = (random_packed(fmt, n, k, rng) if fmt == "q4_k" else

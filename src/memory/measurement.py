@@ -40,7 +40,8 @@ def _process_peak(dev, start):
     return int(peak - start)
 
 
-def _load(run, source, dev):
+def load_adapted(run, source, dev):
+    """The model of `source` on dev, quantized and with adapters as `run` says (no tokenizer)."""
     model = load_model(source, dev, quant=run.quant, with_tokenizer=False)
     apply_lora(model, run.lora)
     return model
@@ -71,7 +72,7 @@ def _measured_steps(run, inp, steps, warmup, source, dev):
     base_cur, base_total = dict(mem.current), mem.total
     proc0 = mem.process_measure()[0] or 0
     rss0 = rss_now()
-    model = _load(run, run.model if source is None else source, dev)
+    model = load_adapted(run, run.model if source is None else source, dev)
     rss_load = rss_peak()  # VmHWM so far: loading (and whatever ran before it)
     tcfg = run.train.model_copy(update={
         "batch_size": inp.batch, "grad_checkpointing": inp.grad_checkpointing,
