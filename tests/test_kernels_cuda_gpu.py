@@ -3,6 +3,12 @@ skipped with the reason where there is none (the simulator's tests: test_kernels
 import numpy as np
 import pytest
 from gguf_blocks import random_packed
+from numba import config, cuda
+from packlora import Device, kernels
+from packlora.errors import DeviceError
+from packlora.kernels.cuda import launch, ops
+from packlora.kernels.cuda.launch import weight_args
+from packlora.quant import quantize
 from test_kernels_cuda import KQUANTS, VARIANTS
 
 
@@ -16,7 +22,6 @@ def _cupy():
             pytest.skip("no CUDA GPU: no device found")
     except cupy.cuda.runtime.CUDARuntimeError as e:
         pytest.skip(f"no CUDA GPU: {e}")
-    from numba import config
     if config.ENABLE_CUDASIM:
         pytest.skip("NUMBA_ENABLE_CUDASIM is set in this process; real-GPU test not possible")
     return cupy
@@ -27,7 +32,6 @@ def _cupy():
 @pytest.mark.parametrize("m", [1, 13, 300])
 def test_gpu_matches_dense(fmt, dq, m):
     cp = _cupy()
-    from packlora.quant import quantize
     rng = np.random.default_rng(1)
     w = quantize(rng.standard_normal((576, 1536)).astype(np.float32), fmt, double_quant=dq)
     _gpu_check_products(cp, w, m, rng, f"{fmt} dq={dq}")
@@ -50,8 +54,6 @@ def test_gpu_gemv_for_up_to_16_rows(monkeypatch, fmt, dq, n, m):
     """The GEMV kernels built for 16 rows (GEMV_MAX_M raised as bench/kernels_cuda.py does);
     N not a multiple of the forward warp's rows of W."""
     cp = _cupy()
-    from packlora.kernels.cuda import ops
-    from packlora.quant import quantize
     monkeypatch.setattr(ops, "GEMV_MAX_M", ops.gemv.MAX_M)
     rng = np.random.default_rng(4)
     w = (random_packed(fmt, n, 1536, rng) if fmt in KQUANTS else
@@ -62,9 +64,6 @@ def test_gpu_gemv_for_up_to_16_rows(monkeypatch, fmt, dq, n, m):
 def _gpu_check_products(cp, w, m, rng, what):
     """Forward and backward of host weight w moved to the GPU against cupy on its dense form,
     twice: the second call replays the first's launches (kernels/cuda/prepared.py)."""
-    from packlora import Device, kernels
-    from packlora.errors import DeviceError
-    from packlora.kernels.cuda import launch, ops
     n, k = w.shape
     dense = cp.asarray(w.dequantize())                                  # (N, K)
     wd = w.to_device(Device.cuda(0))
@@ -91,11 +90,6 @@ def _gpu_check_products(cp, w, m, rng, what):
 @pytest.mark.gpu
 def test_gpu_weight_args_are_kept_device_views():
     cp = _cupy()
-    from numba import cuda
-    from packlora import Device
-    from packlora.kernels.cuda import ops
-    from packlora.kernels.cuda.launch import weight_args
-    from packlora.quant import quantize
     rng = np.random.default_rng(2)
     dev = Device.cuda(0)
     w, other = (quantize(rng.standard_normal((64, 256)).astype(np.float32), "q8_0")
