@@ -36,7 +36,7 @@ def _cmd_finetune(a):
                       "final_loss": last.get("loss"), "eval_loss": last.get("eval_loss")}))
 
 
-def _load(a, autodiff=False):
+def _load(a):
     dev = Device.parse(a.device)
     model = load_model(a.model, dev, quant=a.quant)
     if getattr(a, "adapter", None):
@@ -96,24 +96,13 @@ def _model_args(p, adapter=True):
         p.add_argument("--adapter", default=None, help="PEFT-format adapter folder")
 
 
-def build_parser():
-    ap = argparse.ArgumentParser(prog="packlora", description=__doc__)
-    ap.add_argument("--debug", action="store_true",
-                    help="print the full traceback of an unexpected error")
-    debug = argparse.ArgumentParser(add_help=False)  # --debug also after the subcommand
-    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="print the full traceback of an unexpected error")
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    def add(name, help):
-        return sub.add_parser(name, help=help, parents=[debug])
-
-    p = add("finetune", "fine-tune from a YAML config")
+def _finetune_args(p):
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides")
     p.add_argument("--quiet", action="store_true")
-    p.set_defaults(fn=_cmd_finetune)
-    p = add("memory-report", "plan (and measure) the memory of a run")
+
+
+def _memory_report_args(p):
     p.add_argument("config")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--measure", action="store_true")
@@ -122,8 +111,9 @@ def build_parser():
     p.add_argument("--plot", default=None)
     p.add_argument("--ranks", type=int, default=1,
                    help="plan one rank of a data-parallel run over this many (mpiexec -n N)")
-    p.set_defaults(fn=_cmd_memory_report)
-    p = add("generate", "generate text")
+
+
+def _generate_args(p):
     _model_args(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -135,15 +125,17 @@ def build_parser():
     p.add_argument("--float-activations", action="store_true",
                    help="decode with float32 activations in every packed product (slower; by "
                         "default the one-token steps round them to 8 bits, as llama.cpp does)")
-    p.set_defaults(fn=_cmd_generate)
-    p = add("eval", "held-out exact match on a chat JSONL file")
+
+
+def _eval_args(p):
     _model_args(p)
     p.add_argument("--data", required=True)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--verbose", action="store_true")
-    p.set_defaults(fn=_cmd_eval)
-    p = add("merge", "merge an adapter into the base: an HF folder, or one GGUF file")
+
+
+def _merge_args(p):
     p.add_argument("--model", required=True)
     p.add_argument("--adapter", required=True)
     p.add_argument("--out", required=True,
@@ -161,26 +153,59 @@ def build_parser():
                         "against, for an exact reproduction (the default for LoftQ adapters, "
                         "which are fitted to W - deq(Q(W))). Quantized GGUF weights are "
                         "already what the adapter was trained on")
-    p.set_defaults(fn=_cmd_merge)
-    p = add("export-gguf", "write a LoRA adapter as a llama.cpp adapter GGUF (--lora)")
+
+
+def _export_gguf_args(p):
     p.add_argument("adapter", help="a run's output folder or a PEFT-format adapter folder")
     p.add_argument("--out", required=True, help="the .gguf file to write (must not exist)")
     p.add_argument("--model", default=None,
                    help="the base it will run on (default: the adapter's base_model_name_or_path)")
     p.add_argument("--outtype", default="f32", choices=list(OUTTYPES))
-    p.set_defaults(fn=_cmd_export_gguf)
-    p = add("quantize", "write a packed model that loads without re-quantizing")
+
+
+def _quantize_args(p):
     p.add_argument("source")
     p.add_argument("out_dir")
     p.add_argument("--format", default="nf4")
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None)
-    p.set_defaults(fn=_cmd_quantize)
-    p = add("inspect", "architecture, parameters, tensor formats, bytes")
+
+
+def _inspect_args(p):
     p.add_argument("model")
     p.add_argument("--quant", default=None)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=_cmd_inspect)
+
+
+# The subcommands: (name, help, its arguments, what runs it), in the order --help lists them.
+_COMMANDS = (
+    ("finetune", "fine-tune from a YAML config", _finetune_args, _cmd_finetune),
+    ("memory-report", "plan (and measure) the memory of a run", _memory_report_args,
+     _cmd_memory_report),
+    ("generate", "generate text", _generate_args, _cmd_generate),
+    ("eval", "held-out exact match on a chat JSONL file", _eval_args, _cmd_eval),
+    ("merge", "merge an adapter into the base: an HF folder, or one GGUF file", _merge_args,
+     _cmd_merge),
+    ("export-gguf", "write a LoRA adapter as a llama.cpp adapter GGUF (--lora)",
+     _export_gguf_args, _cmd_export_gguf),
+    ("quantize", "write a packed model that loads without re-quantizing", _quantize_args,
+     _cmd_quantize),
+    ("inspect", "architecture, parameters, tensor formats, bytes", _inspect_args, _cmd_inspect),
+)
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="packlora", description=__doc__)
+    ap.add_argument("--debug", action="store_true",
+                    help="print the full traceback of an unexpected error")
+    debug = argparse.ArgumentParser(add_help=False)  # --debug also after the subcommand
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the full traceback of an unexpected error")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name, help, add_args, fn in _COMMANDS:
+        p = sub.add_parser(name, help=help, parents=[debug])
+        add_args(p)
+        p.set_defaults(fn=fn)
     return ap
 
 
