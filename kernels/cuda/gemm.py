@@ -46,58 +46,10 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
     NT = BX * BY
     TM_PAD = TM + 1  # padded shared rows: tile loads hit different banks
     TC_PAD = TC + 1
-
-    @cuda.jit(device=True, cache=True)
-    def load_a(a, a_s, m0, r0, mdim, rdim, tid):
-        # A tile, stored transposed; consecutive threads read consecutive r (coalesced).
-        for e in range(tid, TR * TM, NT):
-            rr = e % TR
-            mm = e // TR
-            v = float32(0.0)
-            if m0 + mm < mdim and r0 + rr < rdim:
-                v = a[m0 + mm, r0 + rr]
-            a_s[rr, mm] = v
-
-    @cuda.jit(device=True, cache=True)
-    def load_b(b_s, r0, c0, tid, bwd, grp, ndim, kdim, bs, q, q16, absmax, amq, amcode, amscale,
-               amoff, cb):
-        # Decoded W tile in runs of SEG consecutive k (adjacent packed bytes per thread);
-        # k runs along r (fwd: b_s[r, c] = W[c, r]) or along c (bwd: b_s[r, c] = W[r, c]).
-        for e in range(tid, (TR * TC) // SEG, NT):
-            if bwd:
-                rr = e // (TC // SEG)
-                cc = (e % (TC // SEG)) * SEG
-                n = r0 + rr
-                k = c0 + cc
-            else:
-                rr = (e % (TR // SEG)) * SEG
-                cc = e // (TR // SEG)
-                n = c0 + cc
-                k = r0 + rr
-            dr = 0 if bwd else 1
-            cnt = 0
-            if n < ndim:
-                cnt = max(0, min(SEG, kdim - k))
-            if grp and cnt == SEG:  # a whole run inside one scale group
-                decode_group(b_s, rr, cc, dr, 1 - dr, SEG, n, k, kdim, fmt, bs, dq, q, q16,
-                             absmax, amq, amcode, amscale, amoff, cb)
-            else:
-                decode_run(b_s, rr, cc, dr, 1 - dr, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax,
-                           amq, amcode, amscale, amoff, cb)
-            for t in range(cnt, SEG):
-                b_s[rr + t * dr, cc + t * (1 - dr)] = float32(0.0)
-
-    @cuda.jit(device=True, cache=True)
-    def mac(a_s, b_s, acc, am, bn, tx, ty):
-        # acc += a_s.T @ b_s on this thread's strided (RM x RN) micro-tile.
-        for rr in range(TR):
-            for i in range(RM):
-                am[i] = a_s[rr, ty + i * BY]
-            for j in range(RN):
-                bn[j] = b_s[rr, tx + j * BX]
-            for i in range(RM):
-                for j in range(RN):
-                    acc[i, j] += am[i] * bn[j]
+    load_a = _a_loader(TM, TR, NT)
+    load_b = _b_loader(TC, TR, SEG, NT, fmt, dq)
+    mac = _mac(TR, RM, RN, BX, BY)
+    store = _store(RM, RN, BX, BY)
 
     @cuda.jit(cache=True)
     def packed_gemm(a, c, bwd, span, grp, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
@@ -134,7 +86,90 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
             cuda.syncthreads()
             mac(a_s, b_s, acc, am, bn, tx, ty)
             cuda.syncthreads()
-        split = cuda.gridDim.z > 1
+        store(c, acc, m0, c0, mdim, cdim, tx, ty, cuda.gridDim.z > 1)
+
+    return packed_gemm
+
+
+@functools.cache
+def _a_loader(TM, TR, NT):
+    """Device function: a block's (TR x TM) tile of A into shared memory, transposed."""
+
+    @cuda.jit(device=True, cache=True)
+    def load_a(a, a_s, m0, r0, mdim, rdim, tid):
+        # Consecutive threads read consecutive r (coalesced); past A's edges, zeros.
+        for e in range(tid, TR * TM, NT):
+            rr = e % TR
+            mm = e // TR
+            v = float32(0.0)
+            if m0 + mm < mdim and r0 + rr < rdim:
+                v = a[m0 + mm, r0 + rr]
+            a_s[rr, mm] = v
+
+    return load_a
+
+
+@functools.cache
+def _b_loader(TC, TR, SEG, NT, fmt, dq):
+    """Device function: a block's (TR x TC) tile of W decoded into shared memory."""
+
+    @cuda.jit(device=True, cache=True)
+    def load_b(b_s, r0, c0, tid, bwd, grp, ndim, kdim, bs, q, q16, absmax, amq, amcode, amscale,
+               amoff, cb):
+        # Decoded in runs of SEG consecutive k (adjacent packed bytes per thread); k runs
+        # along r (fwd: b_s[r, c] = W[c, r]) or along c (bwd: b_s[r, c] = W[r, c]).
+        for e in range(tid, (TR * TC) // SEG, NT):
+            if bwd:
+                rr = e // (TC // SEG)
+                cc = (e % (TC // SEG)) * SEG
+                n = r0 + rr
+                k = c0 + cc
+            else:
+                rr = (e % (TR // SEG)) * SEG
+                cc = e // (TR // SEG)
+                n = c0 + cc
+                k = r0 + rr
+            dr = 0 if bwd else 1
+            cnt = 0
+            if n < ndim:
+                cnt = max(0, min(SEG, kdim - k))
+            if grp and cnt == SEG:  # a whole run inside one scale group
+                decode_group(b_s, rr, cc, dr, 1 - dr, SEG, n, k, kdim, fmt, bs, dq, q, q16,
+                             absmax, amq, amcode, amscale, amoff, cb)
+            else:
+                decode_run(b_s, rr, cc, dr, 1 - dr, cnt, n, k, kdim, fmt, bs, dq, q, q16, absmax,
+                           amq, amcode, amscale, amoff, cb)
+            for t in range(cnt, SEG):
+                b_s[rr + t * dr, cc + t * (1 - dr)] = float32(0.0)
+
+    return load_b
+
+
+@functools.cache
+def _mac(TR, RM, RN, BX, BY):
+    """Device function: acc += a_s.T @ b_s on a thread's strided (RM x RN) micro-tile."""
+
+    @cuda.jit(device=True, cache=True)
+    def mac(a_s, b_s, acc, am, bn, tx, ty):
+        for rr in range(TR):
+            for i in range(RM):
+                am[i] = a_s[rr, ty + i * BY]
+            for j in range(RN):
+                bn[j] = b_s[rr, tx + j * BX]
+            for i in range(RM):
+                for j in range(RN):
+                    acc[i, j] += am[i] * bn[j]
+
+    return mac
+
+
+@functools.cache
+def _store(RM, RN, BX, BY):
+    """Device function: a thread's micro-tile into c, inside c's edges; by atomic adds where
+    the reduction is split over blocks (`split`)."""
+
+    @cuda.jit(device=True, cache=True)
+    def store(c, acc, m0, c0, mdim, cdim, tx, ty, split):
         for i in range(RM):
             m = m0 + ty + i * BY
             for j in range(RN):
@@ -145,4 +180,4 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
                     else:
                         c[m, col] = acc[i, j]
 
-    return packed_gemm
+    return store

@@ -58,9 +58,11 @@ def gemv_fwd(fmt, dq, rows=SMALL_M):
     nw, seg = fwd_shape(rows)
     chunk = 32 * seg                # values of K the block's lanes take at a time
     staged = (rows, 32, seg + 1)    # x's chunk by lane and run, padded: lanes in other banks
-    parts = (MAX_WARPS, rows, 33)   # a lane's sum per row of x, padded: rows in other banks
     run = (nw, seg)                 # local array shapes: compile-time constants
+    parts = (MAX_WARPS, rows, 33)   # a lane's sum per row of x, padded: rows in other banks
     accs = rows * nw
+    stage = _x_stager(seg)
+    write = _warp_sums(rows, nw)
 
     @cuda.jit(cache=True)
     def kernel(x, y, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, cb):
@@ -79,11 +81,7 @@ def gemv_fwd(fmt, dq, rows=SMALL_M):
         for i in range(accs):
             acc[i] = float32(0.0)
         for k0 in range(0, kdim, chunk):  # every warp, live or not, stages and meets
-            for e in range(tid, mdim * chunk, cuda.blockDim.x):  # coalesced along K
-                m = e // chunk
-                kk = e - m * chunk
-                if k0 + kk < kdim:
-                    xs[m, kk // seg, kk % seg] = x[m, k0 + kk]
+            stage(x, xs, k0, kdim, mdim, tid)
             cuda.syncthreads()
             k = k0 + lane * seg
             if n0 < ndim and k < kdim:
@@ -101,18 +99,47 @@ def gemv_fwd(fmt, dq, rows=SMALL_M):
                         for r in range(nw):
                             acc[m * nw + r] += dots[r]
             cuda.syncthreads()
+        write(y, acc, part, n0, mdim, ndim, wid, lane)
+
+    return kernel
+
+
+@functools.cache
+def _x_stager(seg):
+    """Device function: the block's threads copy x[:, k0 : k0 + 32 * seg] into shared memory,
+    coalesced along K, each lane's run of seg values in a padded row of its own."""
+    chunk = 32 * seg
+
+    @cuda.jit(device=True, cache=True)
+    def stage(x, xs, k0, kdim, mdim, tid):
+        for e in range(tid, mdim * chunk, cuda.blockDim.x):
+            m = e // chunk
+            kk = e - m * chunk
+            if k0 + kk < kdim:
+                xs[m, kk // seg, kk % seg] = x[m, k0 + kk]
+
+    return stage
+
+
+@functools.cache
+def _warp_sums(rows, nw):
+    """Device function: a warp's 32 lane sums for each row of x and of its nw rows of W meet
+    in shared memory (part); lane m adds up row m's and writes y[m, n0 + r]."""
+
+    @cuda.jit(device=True, cache=True)
+    def write(y, acc, part, n0, mdim, ndim, wid, lane):
         for r in range(nw):
             for m in range(rows):
                 part[wid, m, lane] = acc[m * nw + r]
             cuda.syncthreads()
-            if n0 + r < ndim and lane < mdim:  # lane m sums row m's 32 parts
+            if n0 + r < ndim and lane < mdim:
                 s = float32(0.0)
                 for i in range(32):
                     s += part[wid, lane, i]
                 y[lane, n0 + r] = s
             cuda.syncthreads()
 
-    return kernel
+    return write
 
 
 @functools.cache
