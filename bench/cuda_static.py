@@ -33,7 +33,7 @@ from numba import cuda, float32, types
 from packlora.kernels.cuda import gemv, rows
 from packlora.kernels.cuda.decode import decode_group, decode_run
 from packlora.kernels.cuda.gemm import gemm_kernel
-from packlora.kernels.cuda.ops import LARGE_M_TILE, SMALL_M_TILE
+from packlora.kernels.cuda.ops import LARGE_M_TILE, SMALL_M_CANDIDATES, SMALL_M_TILE
 from packlora.kernels.format_ids import FORMAT_IDS
 from packlora.quant import REGISTRY
 
@@ -46,15 +46,17 @@ _INT = types.int64
 _WEIGHT = (_INT, _INT, types.Array(types.uint8, 1, "C"), types.Array(types.float16, 1, "C"),
            *(types.Array(t, 1, "C") for t in (types.float32, types.uint8, types.float32,
                                               types.float32, types.float32, types.float32)))
+_TILE_ARGS = (_F32_2D, _F32_2D, _INT, _INT, _INT)  # a, c, bwd, span, grp
 # kernel name -> (build(fmt, dq), the arguments before the weight's); _16: the GEMV for
-# up to 16 rows
+# up to 16 rows; tile_4x4_*: the small-M tiles the GPU check times against SMALL_M_TILE
 KERNELS = {
     "gemv_fwd": (gemv.gemv_fwd, (_F32_2D, _F32_2D)),
     "gemv_bwd": (gemv.gemv_bwd, (_F32_2D, _F32_2D, _INT)),
     "gemv_fwd_16": (functools.partial(gemv.gemv_fwd, rows=gemv.MAX_M), (_F32_2D, _F32_2D)),
     "gemv_bwd_16": (functools.partial(gemv.gemv_bwd, rows=gemv.MAX_M), (_F32_2D, _F32_2D, _INT)),
-    "tile_small_m": (gemm_kernel(SMALL_M_TILE), (_F32_2D, _F32_2D, _INT, _INT, _INT)),
-    "tile_large_m": (gemm_kernel(LARGE_M_TILE), (_F32_2D, _F32_2D, _INT, _INT, _INT)),
+    "tile_small_m": (gemm_kernel(SMALL_M_TILE), _TILE_ARGS),
+    "tile_large_m": (gemm_kernel(LARGE_M_TILE), _TILE_ARGS),
+    **{name: (gemm_kernel(tile), _TILE_ARGS) for name, tile in SMALL_M_CANDIDATES.items()},
     "gather_rows": (rows._gather_kernel, (types.Array(types.int64, 1, "C"), _F32_2D, _INT)),
 }
 

@@ -8,7 +8,7 @@ Three ways to the same product, taking turns call by call (CUDA-event times, med
                 cuBLAS (what bitsandbytes does per matmul, the dense copy included);
   dense         cuBLAS on a dense W that already exists (the floor: no decode at all);
   gemv, tile    at M <= 16, each of the two small-M kernels, whichever `packed` picks;
-  tile_*        at 4 < M <= 16, the tile kernel with each of TILE_CANDIDATES instead of
+  tile_*        at 4 < M <= 16, the tile kernel with each of ops.SMALL_M_CANDIDATES instead of
                 ops.SMALL_M_TILE (which the next SMALL_M_TILE should be);
   ordinary      at M <= 16, `packed` with every launch through Numba's ordinary path (typing
                 and marshalling each argument; packlora replays a prepared launch instead);
@@ -32,16 +32,10 @@ from packlora import Device
 from packlora.kernels import dequantize_rows, linear_bwd, linear_fwd
 from packlora.kernels.cuda import launch as cuda_launch
 from packlora.kernels.cuda import ops as cuda_ops
-from packlora.kernels.cuda.gemm import Tile
 
 SHAPES = {"attn": (4096, 4096), "up": (11008, 4096), "down": (4096, 11008)}   # (N, K)
 FORMATS = ("nf4+dq", "q4_k", "q8_0")
 MS = (1, 16, 512, 4096)
-# Small-M tiles to time against ops.SMALL_M_TILE (16 x 64 of C a block, a 1 x 4 register tile a
-# thread: five shared-memory reads per four multiply-adds): 4 x 4 register tiles, two reads per
-# four, with 64 or 128 threads a block.
-TILE_CANDIDATES = {"tile_4x4_64": Tile(tm=16, tc=64, tr=32, rm=4, rn=4, seg=8),
-                   "tile_4x4_128": Tile(tm=16, tc=128, tr=32, rm=4, rn=4, seg=8)}
 
 
 def _gpu():
@@ -108,7 +102,7 @@ def _small_m_sides(calls, m):
         calls[side] = _with(cuda_ops, "GEMV_MAX_M", gemv_max, calls["packed"])
     calls["ordinary"] = _with(cuda_launch, "PREPARED_LAUNCHES", False, calls["packed"])
     if m > cuda_ops.GEMV_MAX_M:
-        for side, tile in TILE_CANDIDATES.items():
+        for side, tile in cuda_ops.SMALL_M_CANDIDATES.items():
             calls[side] = _with(cuda_ops, "SMALL_M_TILE", tile, calls["tile"])
 
 
@@ -135,7 +129,7 @@ def _ratios(name, t):
     row = {f"{name}_{side}_ms": round(t[side][0] * 1e3, 4) for side in t}
     row.update({f"{name}_{side}_host_ms": round(t[side][2] * 1e3, 4) for side in t})
     row[f"{name}_vs_deq_cublas"] = round(t["packed"][0] / t["deq_cublas"][0], 3)
-    for side in ("gemv", "tile", "ordinary", *TILE_CANDIDATES):
+    for side in ("gemv", "tile", "ordinary", *cuda_ops.SMALL_M_CANDIDATES):
         if side in t:
             row[f"{name}_{side}_vs_deq_cublas"] = round(t[side][0] / t["deq_cublas"][0], 3)
     if "packed_tf32" in t:

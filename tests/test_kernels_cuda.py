@@ -19,12 +19,12 @@ KQUANT_SHAPES = [(3, 9, 512), (1, 5, 256)]
 # nf4/fp4/int8 only: blocks straddle rows, a tail block; odd numel (pad nibble), block 32; at
 # M = 3 a K the forward GEMV's runs do not divide (the tile kernel) and the backward's do.
 FLAT_SHAPES = [((7, 33, 100), 64), ((5, 9, 99), 32), ((3, 7, 100), 64)]
-# (fmt, dq, shape, block, tile args): other tile shapes (32 threads each), and the small-M
-# candidates bench/kernels_cuda.py times (64 and 128 threads)
+# (fmt, dq, shape, block, tile args or a name in ops.SMALL_M_CANDIDATES): other tile shapes (32
+# threads each), and the small-M candidates bench/kernels_cuda.py times (64 and 128 threads)
 TILE_CASES = [("nf4", True, (17, 20, 100), 64, (16, 16, 16, 4, 2, 4)),
               ("q4_1", False, (9, 40, 64), 32, (8, 32, 32, 4, 8, 8)),
-              ("q4_k", False, (13, 70, 512), None, (16, 64, 32, 4, 4, 8)),
-              ("nf4", True, (16, 130, 192), None, (16, 128, 32, 4, 4, 8))]
+              ("q4_k", False, (13, 70, 512), None, "tile_4x4_64"),
+              ("nf4", True, (16, 130, 192), None, "tile_4x4_128")]
 # The tiles a GPU launches (kernels/cuda/ops.py), 256 threads each, on small ragged shapes; K
 # long enough that the reduction is split across blocks (atomic adds). M <= GEMV_MAX_M without
 # a tile (the other cases of M <= 4) runs the GEMV kernels (gemv.py).
@@ -47,7 +47,8 @@ def _cases():
         for shape in KQUANT_SHAPES:
             cases[f"{fmt}-{'x'.join(map(str, shape))}"] = (fmt, False, shape, None, None)
     for fmt, dq, shape, bs, tile in TILE_CASES:
-        cases[f"{fmt}{'_dq' if dq else ''}-{'x'.join(map(str, shape))}-tile{tile[:3]}"] = (
+        label = tile if isinstance(tile, str) else f"tile{tile[:3]}"
+        cases[f"{fmt}{'_dq' if dq else ''}-{'x'.join(map(str, shape))}-{label}"] = (
             fmt, dq, shape, bs, tile)
     for fmt, dq, shape, tile in PRODUCTION_CASES:
         cases[f"{fmt}{'_dq' if dq else ''}-{'x'.join(map(str, shape))}-{tile}"] = (
@@ -73,7 +74,10 @@ def _sim_case(ops, Tile, quantize, rng, case):
     dense = w.dequantize()                                              # (N, K)
     x = rng.standard_normal((m, k)).astype(np.float32)                  # (M, K)
     dy = rng.standard_normal((m, n)).astype(np.float32)                 # (M, N)
-    tile = getattr(ops, tile) if isinstance(tile, str) else Tile(*tile) if tile else None
+    if isinstance(tile, str):  # a production tile or a candidate, by name
+        tile = ops.SMALL_M_CANDIDATES.get(tile) or getattr(ops, tile)
+    elif tile:
+        tile = Tile(*tile)
     y = ops.linear_fwd(x, w, tile=tile)
     dx = ops.linear_bwd(dy, w, tile=tile)
     return {"fwd": _rel_err(y, x @ dense.T), "bwd": _rel_err(dx, dy @ dense),

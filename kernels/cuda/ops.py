@@ -15,6 +15,11 @@ from .launch import is_cupy, launch, zero
 SIM_TILE = Tile(tm=8, tc=16, tr=16, rm=4, rn=4, seg=8)  # 8 threads: fast in the simulator
 SMALL_M_TILE = Tile(tm=16, tc=64, tr=32, rm=1, rn=4, seg=8)  # 256 threads, M <= 16
 LARGE_M_TILE = Tile(tm=64, tc=64, tr=16, rm=4, rn=4, seg=4)  # 256 threads
+# Tiles the GPU check times against SMALL_M_TILE at 4 < M <= 16 (bench/kernels_cuda.py): 4 x 4
+# register tiles, two shared-memory reads per four multiply-adds where SMALL_M_TILE's 1 x 4 has
+# five; 64 or 128 threads a block.
+SMALL_M_CANDIDATES = {"tile_4x4_64": Tile(tm=16, tc=64, tr=32, rm=4, rn=4, seg=8),
+                      "tile_4x4_128": Tile(tm=16, tc=128, tr=32, rm=4, rn=4, seg=8)}
 # Rows of x up to which the GEMV kernels (gemv.py) read W's packed bytes once; measured on an
 # H200 they beat the fused tile at M = 1 and lose to it at M = 16.
 GEMV_MAX_M = 4
