@@ -10,6 +10,7 @@ from numba import njit, prange
 # (on the OpenMP layer a few microseconds: this bound is the workqueue's, kept for both).
 SERIAL_MAX = 1 << 17
 
+
 @njit(parallel=True, cache=True)
 def _touch(a):
     for i in prange(a.size):

@@ -47,6 +47,7 @@ FORMAT_KINDS = {"q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0, "nf4": TAB4, "fp4": TA
                 "q5_k": Q5_K, "q6_k": Q6_K, "f16": F16, "bf16": BF16}
 DECODE, DOT, AXPY = 0, 1, 2
 
+
 def chunk_kind(fmt, double_quant):
     """The chunk kind of a weight of format `fmt` (a registry name)."""
     kind = FORMAT_KINDS[fmt]

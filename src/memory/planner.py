@@ -18,6 +18,7 @@ from .merge_plan import merge_plan
 
 # ----------------------------------------------------------------------------- dense scratch
 
+
 def scratch_need(storage, m, cap, backward, cuda=False):
     """Scratch bytes of one packed matmul with m rows (0 on the small-batch paths, which the
     kernels take up to FUSED_MAX_M rows): one tile as the kernels' own planner chooses it."""

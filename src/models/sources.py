@@ -22,6 +22,8 @@ from .resolve import resolve_source
 from .tensors import TensorSpec
 
 PACKED_FILE = "model.packed.safetensors"
+
+
 def gguf_packed_format(kind, shape):
     """The registry format a GGUF tensor of type `kind` and shape (out, in) stays packed in, or
     None (decoded to float32): F16 / BF16 stay 16-bit where they are rows of whole 32-value
