@@ -25,6 +25,7 @@ from packlora.kernels.cuda import launch, ops, rows
 
 FORMATS = ("nf4+dq", "q4_k", "q8_0")
 CASES = (("gemv", 1), ("tile", 16))  # (kernel a product of M rows takes, M)
+SCRATCH_ELEMS = 1 << 20  # float32: more than the parts of these products take
 
 
 def products(w, m, kernel, rng):
@@ -35,8 +36,10 @@ def products(w, m, kernel, rng):
     dy = cupy.asarray(rng.standard_normal((m, n), dtype=np.float32))   # (M, N)
     y, dx = cupy.empty((m, n), np.float32), cupy.empty((m, k), np.float32)
     tile = None if kernel == "gemv" else ops.SMALL_M_TILE
-    calls = {"fwd": lambda: ops.linear_fwd(x, w, y, tile=tile),
-             "bwd": lambda: ops.linear_bwd(dy, w, dx, tile=tile)}
+    scratch = cupy.empty(SCRATCH_ELEMS, np.float32)  # a Device's: the parts of split reductions
+    parts = {"scratch": lambda nelem: scratch[:nelem], "cap_elems": SCRATCH_ELEMS}
+    calls = {"fwd": lambda: ops.linear_fwd(x, w, y, tile=tile, **parts),
+             "bwd": lambda: ops.linear_bwd(dy, w, dx, tile=tile, **parts)}
     if kernel == "gemv":
         picked, out = cupy.arange(0, m, dtype=np.int64), cupy.empty((m, k), np.float32)
         calls["gather"] = lambda: rows.gather_rows(w, picked, out)

@@ -10,6 +10,7 @@ import packlora.device as device_mod
 import pytest
 from packlora import Device, kernels
 from packlora.errors import DeviceError
+from packlora.kernels.cuda import ops as cuda_ops
 from packlora.memory import plan
 from packlora.quant import quantize
 from packlora.rng import CountingRng
@@ -223,11 +224,15 @@ def test_plan_counts_the_gpu_tile_for_large_batches(tmp_path):
     def scratch(tokens):
         p = plan({**cfg, "device": "cuda", "scratch_mib": 1}, batch_size=1, seq_len=tokens)
         return p["plan"]["categories"]["dense_scratch"]
-    # M <= 16: fused kernels, only the LoRA products' rows (M x q_proj's width); M = 32: a tile
-    # of a whole W (the cap holds it), the largest: the Q8_0 LM head's (vocab, HIDDEN)
+    # M <= 16: fused kernels; the largest is the Q8_0 LM head's backward, dh (16, HIDDEN) summed
+    # over the vocabulary, which the GPU's tile splits across blocks: its parts, each the size
+    # of dh, beyond the LoRA products' rows (M x q_proj's width). M = 32: a tile of a whole W
+    # (the cap holds it), the largest the LM head's (vocab, HIDDEN)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     assert vocab > mf.INTER
-    assert scratch(16) == 4 * 16 * mf.HIDDEN
+    (_, _, parts), _ = cuda_ops._tile_grid(16, mf.HIDDEN, vocab, cuda_ops.SMALL_M_TILE)
+    assert parts > 1
+    assert scratch(16) == 4 * parts * 16 * mf.HIDDEN
     assert scratch(32) == 4 * vocab * mf.HIDDEN
 
 

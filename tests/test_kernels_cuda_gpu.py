@@ -71,7 +71,7 @@ def _gpu_check_products(cp, w, m, rng, what):
         x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))      # (M, K)
         dy = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))     # (M, N)
         y = ops.linear_fwd(x, wd) if call == "first" else ops.linear_fwd(
-            x, wd, out=cp.full((m, n), cp.nan, dtype=cp.float32))  # zeroed where it adds up
+            x, wd, out=cp.full((m, n), cp.nan, dtype=cp.float32))  # every element written
         out = cp.full((m, k), cp.nan, dtype=cp.float32)
         dx = ops.linear_bwd(dy, wd, out=out)
         assert isinstance(y, cp.ndarray) and dx is out
@@ -85,6 +85,25 @@ def _gpu_check_products(cp, w, m, rng, what):
     with pytest.raises(DeviceError, match="w.to_device"):
         kernels.linear_fwd(x, w)                                        # ... through the entry
     np.testing.assert_array_equal(wd.to_device(Device.cpu()).dequantize(), w.dequantize())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_gpu_products_give_the_same_bits_every_time(m):
+    """The reductions split across blocks (the GEMV backward, the tile's at M <= 16 on a wide
+    K) add their parts in a fixed order, not by atomics: twenty calls, one result to the bit."""
+    cp = _cupy()
+    rng = np.random.default_rng(5)
+    dev = Device.cuda(0)
+    w = quantize(rng.standard_normal((1024, 4096)).astype(np.float32), "nf4",
+                 double_quant=True).to_device(dev)
+    assert ops.parts_elems(m, 1024, 4096, w.block_size, True) > 0       # the backward splits
+    x = cp.asarray(rng.standard_normal((m, 4096)).astype(np.float32))   # (M, K)
+    dy = cp.asarray(rng.standard_normal((m, 1024)).astype(np.float32))  # (M, N)
+    for product, a in ((kernels.linear_fwd, x), (kernels.linear_bwd, dy)):
+        first = product(a, w, dev)
+        for _ in range(20):
+            assert bool(cp.array_equal(product(a, w, dev), first)), (product.__name__, m)
 
 
 @pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""Tiled fused dequant-GEMM kernel: C = A @ B with B a packed weight decoded tile by tile."""
+"""Tiled fused dequant-GEMM kernel: C = A @ B with B a packed weight decoded tile by tile; a
+reduction split over blocks leaves one part of C per block along it, added up by the caller."""
 
 import functools
 from dataclasses import dataclass
@@ -54,20 +55,19 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
     @cuda.jit(cache=True)
     def packed_gemm(a, c, bwd, span, grp, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
                     cb):
-        # a: (M, R) float32; c: (M, C) float32. Logical W is (N, kdim).
-        # fwd (bwd=0): R = kdim, C = N, B[r, col] = W[col, r]  -> c = a @ W.T
-        # bwd (bwd=1): R = N, C = kdim, B[r, col] = W[r, col]  -> c = a @ W
+        # a: (M, R) float32; c: (Z, M, C) float32, Z the grid's z. Logical W is (N, kdim).
+        # fwd (bwd=0): R = kdim, C = N, B[r, col] = W[col, r]  -> sum(c, 0) = a @ W.T
+        # bwd (bwd=1): R = N, C = kdim, B[r, col] = W[r, col]  -> sum(c, 0) = a @ W
         # grp: runs of SEG at multiples of SEG lie inside one scale group (decode.grouped).
         # Block z covers reductions [z*span, (z+1)*span), span a multiple of TR (so only the
-        # last tile of all can pass rdim); with more than one, c (zeroed by the caller) receives
-        # each part by atomic adds.
+        # last tile of all can pass rdim), and writes c[z]; the caller adds the parts in order.
         a_s = cuda.shared.array(shape=(TR, TM_PAD), dtype=float32)
         b_s = cuda.shared.array(shape=(TR, TC_PAD), dtype=float32)
         acc = cuda.local.array(shape=(RM, RN), dtype=float32)
         am = cuda.local.array(shape=RM, dtype=float32)
         bn = cuda.local.array(shape=RN, dtype=float32)
         mdim, rdim = a.shape
-        cdim = c.shape[1]
+        cdim = c.shape[2]
         ndim = rdim if bwd else cdim
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
@@ -86,7 +86,7 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
             cuda.syncthreads()
             mac(a_s, b_s, acc, am, bn, tx, ty)
             cuda.syncthreads()
-        store(c, acc, m0, c0, mdim, cdim, tx, ty, cuda.gridDim.z > 1)
+        store(c, acc, m0, c0, mdim, cdim, tx, ty)
 
     return packed_gemm
 
@@ -165,19 +165,17 @@ def _mac(TR, RM, RN, BX, BY):
 
 @functools.cache
 def _store(RM, RN, BX, BY):
-    """Device function: a thread's micro-tile into c, inside c's edges; by atomic adds where
-    the reduction is split over blocks (`split`)."""
+    """Device function: a thread's micro-tile into c[z] (z: the block's part of the reduction),
+    inside c's edges."""
 
     @cuda.jit(device=True, cache=True)
-    def store(c, acc, m0, c0, mdim, cdim, tx, ty, split):
+    def store(c, acc, m0, c0, mdim, cdim, tx, ty):
+        z = cuda.blockIdx.z
         for i in range(RM):
             m = m0 + ty + i * BY
             for j in range(RN):
                 col = c0 + tx + j * BX
                 if m < mdim and col < cdim:
-                    if split:
-                        cuda.atomic.add(c, (m, col), acc[i, j])
-                    else:
-                        c[m, col] = acc[i, j]
+                    c[z, m, col] = acc[i, j]
 
     return store

@@ -8,7 +8,8 @@ and decoded in registers; nothing dense is written.
                           sums its lanes' dot products (through shared memory, once for all
                           rows of x)
   backward  dx = dy @ W   a thread per run of BWD_SEG columns k, a block per chunk of W's rows;
-                          the chunks' partial sums meet in dx (zeroed) by atomic adds
+                          each chunk's partial sums go to a part of their own, which ops.py
+                          adds up in order (atomic adds would make dx differ between runs)
 Every run must be whole and inside one scale group (`fits`: K a multiple of the run, and the
 flat formats' block size): each reads its scales once, and its values and the per-row sums stay
 in registers (constant trip counts, unrolled); other weights take the tile kernel. Kernels are
@@ -35,10 +36,11 @@ WIDE_W_ROWS = 4
 WIDE_SEG = 4
 
 
-def fits(w, bwd):
-    """Whether the GEMV takes products with packed weight w: its runs whole and each inside
-    one scale group (the forward's longest runs: the shorter ones then fit as well)."""
-    return grouped(BWD_SEG if bwd else FWD_SEG, int(w.block_size), int(w.shape[1]))
+def fits(block_size, k, bwd):
+    """Whether the GEMV takes products with a packed weight of `block_size` and K = k: its runs
+    whole and each inside one scale group (the forward's longest runs: the shorter ones then
+    fit as well)."""
+    return grouped(BWD_SEG if bwd else FWD_SEG, int(block_size), int(k))
 
 
 def row_bound(m):
@@ -148,9 +150,9 @@ def gemv_bwd(fmt, dq, rows=SMALL_M):
     accs = rows * BWD_SEG
 
     @cuda.jit(cache=True)
-    def kernel(dy, dx, chunk, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, cb):
-        # dy (M, N), dx (M, K) zeroed; block (bx, by): columns from bx * threads * BWD_SEG, W's
-        # rows [by * chunk, (by + 1) * chunk)
+    def kernel(dy, parts, chunk, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, cb):
+        # dy (M, N), parts (chunks, M, K); block (bx, by): columns from bx * threads * BWD_SEG,
+        # W's rows [by * chunk, (by + 1) * chunk), its sums into parts[by]
         k = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * BWD_SEG
         if k >= kdim:
             return
@@ -172,6 +174,6 @@ def gemv_bwd(fmt, dq, rows=SMALL_M):
         for m in range(rows):
             if m < mdim:
                 for t in range(BWD_SEG):
-                    cuda.atomic.add(dx, (m, k + t), acc[m * BWD_SEG + t])
+                    parts[cuda.blockIdx.y, m, k + t] = acc[m * BWD_SEG + t]
 
     return kernel

@@ -41,7 +41,7 @@ def linear_fwd(x, w, out=None, *, tile=None, scratch=None, cap_elems=0):
     y = _output(x, out, (x.shape[0], n), "linear_fwd")
     if _tiled(x, y, w, tile, scratch):
         return tiled.fwd(array_module(x), x, w, y, scratch, cap_elems)
-    _launch(x, y, w, bwd=0, tile=tile)
+    _launch(x, y, w, bwd=0, tile=tile, scratch=scratch)
     return y
 
 
@@ -52,7 +52,7 @@ def linear_bwd(dy, w, out=None, *, tile=None, scratch=None, cap_elems=0):
     dx = _output(dy, out, (dy.shape[0], k), "linear_bwd")
     if _tiled(dy, dx, w, tile, scratch):
         return tiled.bwd(array_module(dy), dy, w, dx, scratch, cap_elems)
-    _launch(dy, dx, w, bwd=1, tile=tile)
+    _launch(dy, dx, w, bwd=1, tile=tile, scratch=scratch)
     return dx
 
 
@@ -94,9 +94,11 @@ def _default_tile(m):
     return SMALL_M_TILE if m <= FUSED_MAX_M else LARGE_M_TILE
 
 
-def _launch(a, c, w, bwd, tile):
+def _launch(a, c, w, bwd, tile, scratch=None):
     """Launch the packed GEMV (M <= GEMV_MAX_M, no tile asked for, whole runs: gemv.fits) or
-    GEMM kernel for c = a @ (W.T if fwd else W)."""
+    GEMM kernel for c = a @ (W.T if fwd else W). A reduction split over blocks leaves a part
+    per block (in the scratch where there is one), added up here in a fixed order: the same
+    inputs give the same bits on every run, which atomic adds into c would not."""
     if is_cupy(next(iter(w.buffers.values()))) != is_cupy(a):
         raise wrong_device(w, is_cupy(a))
     m, cdim = c.shape
@@ -105,33 +107,77 @@ def _launch(a, c, w, bwd, tile):
     if a.shape[1] == 0:
         zero(c)
         return
-    if tile is None and m <= GEMV_MAX_M and gemv.fits(w, bwd):
-        _launch_gemv(a, c, w, bwd)
+    if tile is None and m <= GEMV_MAX_M and gemv.fits(w.block_size, w.shape[1], bwd):
+        _launch_gemv(a, c, w, bwd, scratch)
         return
     tile = tile or _default_tile(m)
-    grid = (_cdiv(cdim, tile.tc), _cdiv(m, tile.tm))
-    span = _reduction_span(a.shape[1], grid[0] * grid[1], tile.tr)
-    grid = (*grid, _cdiv(a.shape[1], span))
-    if grid[2] > 1:  # blocks along the reduction add their parts into c
-        zero(c)
+    grid, span = _tile_grid(m, cdim, a.shape[1], tile)
+    parts = _parts(c, grid[2], scratch)
     grp = int(grouped(tile.seg, int(w.block_size), int(w.shape[1])))
-    launch(gemm_kernel(tile), grid, tile.block, [a, c, bwd, span, grp], w)
+    launch(gemm_kernel(tile), grid, tile.block, [a, parts, bwd, span, grp], w)
+    _add_parts(parts, c)
 
 
-def _launch_gemv(a, c, w, bwd):
-    threads = SIM_GEMV_THREADS if config.ENABLE_CUDASIM else gemv.THREADS
+def _launch_gemv(a, c, w, bwd, scratch):
+    threads = _gemv_threads()
     bound = gemv.row_bound(a.shape[0])
     if not bwd:  # a warp per gemv.fwd_shape(bound)[0] rows of W
         build = functools.partial(gemv.gemv_fwd, rows=bound)
         per_block = (threads // 32) * gemv.fwd_shape(bound)[0]
         launch(build, (_cdiv(c.shape[1], per_block),), threads, [a, c], w)
         return
-    n = a.shape[1]
-    cols = _cdiv(c.shape[1], threads * gemv.BWD_SEG)
-    rows = _cdiv(n, min(n, _cdiv(TARGET_BLOCKS, cols)))       # W's rows per block
-    zero(c)
+    grid, rows = _gemv_bwd_grid(a.shape[1], c.shape[1], threads)
+    parts = _parts(c, grid[1], scratch)
     build = functools.partial(gemv.gemv_bwd, rows=bound)
-    launch(build, (cols, _cdiv(n, rows)), threads, [a, c, rows], w)
+    launch(build, grid, threads, [a, parts, rows], w)
+    _add_parts(parts, c)
+
+
+def _gemv_threads():
+    return SIM_GEMV_THREADS if config.ENABLE_CUDASIM else gemv.THREADS
+
+
+def _gemv_bwd_grid(n, k, threads):
+    """((column blocks, row chunks), W's rows a chunk) of the GEMV backward for W (N, K)."""
+    cols = _cdiv(k, threads * gemv.BWD_SEG)
+    rows = _cdiv(n, min(n, _cdiv(TARGET_BLOCKS, cols)))
+    return (cols, _cdiv(n, rows)), rows
+
+
+def _tile_grid(m, cdim, rdim, tile):
+    """(grid, span) of the tile kernel: C's tiles along x and y, the reduction's parts of
+    `span` along z."""
+    grid = (_cdiv(cdim, tile.tc), _cdiv(m, tile.tm))
+    span = _reduction_span(rdim, grid[0] * grid[1], tile.tr)
+    return (*grid, _cdiv(rdim, span)), span
+
+
+def _parts(c, n, scratch):
+    """(n, M, C) float32 for the n parts of c (M, C) the blocks write: c itself when n is 1."""
+    if n == 1:
+        return c.reshape(1, *c.shape)
+    size = n * c.size
+    if scratch is not None and is_cupy(c):
+        return scratch(size).reshape(n, *c.shape)
+    return array_module(c).empty((n, *c.shape), np.float32)
+
+
+def _add_parts(parts, c):
+    """c = the parts' sum along their first axis: cupy's (or numpy's) reduction, whose order of
+    additions is fixed by the shapes, so the same on every call."""
+    if parts.shape[0] > 1:
+        array_module(c).sum(parts, axis=0, out=c)
+
+
+def parts_elems(m, n, k, block_size, bwd):
+    """float32 elements of scratch the partial sums of a fused product take: M rows (at most
+    FUSED_MAX_M) with a packed W (N, K) of `block_size`, forward or backward (0: one part)."""
+    cdim, rdim = (k, n) if bwd else (n, k)
+    if m <= GEMV_MAX_M and gemv.fits(block_size, k, bwd):
+        parts = _gemv_bwd_grid(n, k, _gemv_threads())[0][1] if bwd else 1
+    else:
+        parts = _tile_grid(m, cdim, rdim, _default_tile(m))[0][2]
+    return parts * m * cdim if parts > 1 else 0
 
 
 def _reduction_span(rdim, blocks, tr):

@@ -20,12 +20,13 @@ from .merge_plan import merge_plan
 
 
 def scratch_need(storage, m, cap, backward, cuda=False):
-    """Scratch bytes of one packed matmul with m rows (0 on the small-batch paths, which the
-    kernels take up to FUSED_MAX_M rows): one tile as the kernels' own planner chooses it."""
+    """Scratch bytes of one packed matmul with m rows: one tile as the kernels' own planner
+    chooses it (on the CPU 0 on the small-batch paths, which the kernels take up to
+    FUSED_MAX_M rows; on a GPU there the partial sums of a reduction split over blocks)."""
     if not storage.packed:
         return 0
     if cuda:
-        return cuda_scratch_need(*storage.shape, m, F32 * cap)
+        return cuda_scratch_need(*storage.shape, m, F32 * cap, storage.block_size)
     if m <= (FUSED_MAX_M_BWD if backward else FUSED_MAX_M):
         return 0
     n, k = storage.shape
