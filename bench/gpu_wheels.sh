@@ -11,6 +11,7 @@ OUT="${1:-.whl}"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.whl  # one version of each: two stop the install there
 python3 -m pip wheel -q --no-deps -w "$OUT" .
+bash bench/source_hash.sh > "$OUT/SOURCE"  # what gpu_check.sh compares with its checkout
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform any -d "$OUT" \
