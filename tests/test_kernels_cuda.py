@@ -287,6 +287,7 @@ def _grids(monkeypatch):
         grids.append(grid)
     monkeypatch.setattr(ops, "launch", record)
     monkeypatch.setattr(rows, "launch", record)
+    monkeypatch.setattr(ops, "_add_parts", lambda parts, c: None)  # nothing launched to add
     return grids
 
 
@@ -300,6 +301,17 @@ def test_gpu_launch_grids_stay_within_cudas_limits(monkeypatch, n, k, m):
     ops.linear_fwd(np.zeros((m, k), np.float32), w)
     ops.linear_bwd(np.zeros((m, n), np.float32), w)
     assert len(grids) == 2
+
+
+@pytest.mark.parametrize("n,k", [(128256, 4096), (4096, 11008)])
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_gpu_split_reductions_take_a_few_mib(n, k, m):
+    """The partial sums of the small-M products whose reduction is split across blocks: at
+    most 8 MiB at a 7B's and a large vocabulary's shapes (a GPU Device's scratch: 64 MiB)."""
+    from packlora.kernels.cuda import ops
+    for bwd in (False, True):
+        assert 4 * ops.parts_elems(m, n, k, 32, bwd) <= 8 << 20, (bwd, m, n, k)
+    assert ops.parts_elems(m, n, k, 32, True) > 0  # the backward splits at these shapes
 
 
 def test_gpu_embedding_lookup_of_many_tokens_fits_the_grid(monkeypatch):
