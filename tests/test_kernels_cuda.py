@@ -26,7 +26,7 @@ TILE_CASES = [("nf4", True, (17, 20, 100), 64, (16, 16, 16, 4, 2, 4)),
               ("q4_k", False, (13, 70, 512), None, "tile_4x4_64"),
               ("nf4", True, (16, 130, 192), None, "tile_4x4_128")]
 # The tiles a GPU launches (kernels/cuda/ops.py), 256 threads each, on small ragged shapes; K
-# long enough that the reduction is split across blocks (atomic adds). M <= GEMV_MAX_M without
+# long enough that the reduction is split across blocks (parts summed). M <= GEMV_MAX_M without
 # a tile (the other cases of M <= 4) runs the GEMV kernels (gemv.py).
 PRODUCTION_CASES = [("nf4", True, (5, 70, 192), "SMALL_M_TILE"),
                     ("q4_k", False, (3, 66, 256), "SMALL_M_TILE"),
