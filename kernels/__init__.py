@@ -72,12 +72,12 @@ def _cuda_scratch_of(device):
     return (None, 0) if device is None else _scratch_of(device)
 
 
-def cuda_scratch_need(n, k, m, cap_bytes, block_size):
-    """Bytes of scratch a GPU product of M rows with a packed W (N, K) of `block_size` takes
-    (both passes): a decoded tile of W above the fused sizes, else the partial sums of a
-    reduction split over blocks."""
+def cuda_scratch_need(n, k, m, cap_bytes, block_size, backward):
+    """Bytes of scratch a GPU product of M rows with a packed W (N, K) of `block_size` takes,
+    forward or backward: a decoded tile of W above the fused sizes (the same for both), else
+    the partial sums of a reduction split over blocks."""
     if m <= cuda_ops.FUSED_MAX_M:
-        return 4 * max(cuda_ops.parts_elems(m, n, k, block_size, bwd) for bwd in (False, True))
+        return 4 * cuda_ops.parts_elems(m, n, k, block_size, backward)
     return 4 * cuda_tiled.scratch_elems(n, k, cap_bytes // 4)
 
 

@@ -27,6 +27,7 @@ from .training.distributed import World
 # The formats --quant takes, the QLoRA default first, as the registry lists them.
 _QUANT_HELP = ", ".join(f"{f} (default)" if f == "nf4" else f
                         for f in (*FORMATS, *PRESETS, "none"))
+_DEBUG_HELP = "print the full traceback of an unexpected error"
 
 
 def _cmd_finetune(a):
@@ -196,11 +197,10 @@ _COMMANDS = (
 
 def build_parser():
     ap = argparse.ArgumentParser(prog="packlora", description=__doc__)
-    ap.add_argument("--debug", action="store_true",
-                    help="print the full traceback of an unexpected error")
+    ap.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     debug = argparse.ArgumentParser(add_help=False)  # --debug also after the subcommand
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="print the full traceback of an unexpected error")
+                       help=_DEBUG_HELP)
     sub = ap.add_subparsers(dest="command", required=True)
     for name, help, add_args, fn in _COMMANDS:
         p = sub.add_parser(name, help=help, parents=[debug])

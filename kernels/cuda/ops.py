@@ -107,7 +107,7 @@ def _launch(a, c, w, bwd, tile, scratch=None):
     if a.shape[1] == 0:
         zero(c)
         return
-    if tile is None and m <= GEMV_MAX_M and gemv.fits(w.block_size, w.shape[1], bwd):
+    if tile is None and _gemv_takes(m, w.block_size, w.shape[1], bwd):
         _launch_gemv(a, c, w, bwd, scratch)
         return
     tile = tile or _default_tile(m)
@@ -133,6 +133,12 @@ def _launch_gemv(a, c, w, bwd, scratch):
     _add_parts(parts, c)
 
 
+def _gemv_takes(m, block_size, k, bwd):
+    """Whether a product of m rows with a packed W (N, k) of `block_size` takes the GEMV
+    kernels (unless a tile is asked for)."""
+    return m <= GEMV_MAX_M and gemv.fits(block_size, k, bwd)
+
+
 def _gemv_threads():
     return SIM_GEMV_THREADS if config.ENABLE_CUDASIM else gemv.THREADS
 
@@ -156,9 +162,8 @@ def _parts(c, n, scratch):
     """(n, M, C) float32 for the n parts of c (M, C) the blocks write: c itself when n is 1."""
     if n == 1:
         return c.reshape(1, *c.shape)
-    size = n * c.size
     if scratch is not None and is_cupy(c):
-        return scratch(size).reshape(n, *c.shape)
+        return scratch(n * c.size).reshape(n, *c.shape)
     return array_module(c).empty((n, *c.shape), np.float32)
 
 
@@ -173,7 +178,7 @@ def parts_elems(m, n, k, block_size, bwd):
     """float32 elements of scratch the partial sums of a fused product take: M rows (at most
     FUSED_MAX_M) with a packed W (N, K) of `block_size`, forward or backward (0: one part)."""
     cdim, rdim = (k, n) if bwd else (n, k)
-    if m <= GEMV_MAX_M and gemv.fits(block_size, k, bwd):
+    if _gemv_takes(m, block_size, k, bwd):
         parts = _gemv_bwd_grid(n, k, _gemv_threads())[0][1] if bwd else 1
     else:
         parts = _tile_grid(m, cdim, rdim, _default_tile(m))[0][2]

@@ -26,7 +26,7 @@ def scratch_need(storage, m, cap, backward, cuda=False):
     if not storage.packed:
         return 0
     if cuda:
-        return cuda_scratch_need(*storage.shape, m, F32 * cap, storage.block_size)
+        return cuda_scratch_need(*storage.shape, m, F32 * cap, storage.block_size, backward)
     if m <= (FUSED_MAX_M_BWD if backward else FUSED_MAX_M):
         return 0
     n, k = storage.shape
