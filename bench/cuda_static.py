@@ -31,7 +31,7 @@ from pathlib import Path
 import numba.cuda.dispatcher as cuda_dispatcher
 from numba import cuda, float32, types
 
-from packlora.kernels.cuda import gemv, rows
+from packlora.kernels.cuda import gemv, rows, scatter
 from packlora.kernels.cuda.decode import decode_group, decode_run
 from packlora.kernels.cuda.gemm import gemm_kernel
 from packlora.kernels.cuda.ops import LARGE_M_TILE, SMALL_M_CANDIDATES, SMALL_M_TILE
@@ -80,6 +80,11 @@ def _probe(decode, fmt, dq):
 
 KERNELS["decode_run"] = (functools.partial(_probe, decode_run), (_F32_2D, _INT))
 KERNELS["decode_group"] = (functools.partial(_probe, decode_group), (_F32_2D, _INT))
+# kernels that take no packed weight: compiled once, not per format
+_I64_1D = types.Array(types.int64, 1, "C")
+PLAIN_KERNELS = {
+    "scatter_rows": (scatter._run_sums, (_F32_2D, _F32_2D, _I64_1D, _I64_1D, _I64_1D, _INT)),
+}
 
 
 class _Target:
@@ -137,7 +142,7 @@ def main():
     ap.add_argument("--cc", default="9.0", help="compute capability to compile for")
     ap.add_argument("--formats", default=",".join(FORMATS),
                     help="formats, nf4+dq for double-quantized; all: every format")
-    ap.add_argument("--kernels", default=",".join(KERNELS))
+    ap.add_argument("--kernels", default=",".join([*KERNELS, *PLAIN_KERNELS]))
     args = ap.parse_args()
     if shutil.which("ptxas") is None:
         sys.exit("cuda_static: ptxas not found: put a CUDA toolkit's bin on PATH")
@@ -148,9 +153,14 @@ def main():
     cc = tuple(int(p) for p in args.cc.split("."))
     cuda_dispatcher.get_current_device = lambda: _Target(cc)
     out = {"cc": args.cc, "numba_cuda": _version("numba-cuda"), "kernels": {}}
+    knames = args.kernels.split(",")
+    for kname in (k for k in knames if k in PLAIN_KERNELS):
+        kernel, sig = PLAIN_KERNELS[kname]
+        out["kernels"][kname] = kernel_stats(kernel, sig, cc)
+        print(kname, out["kernels"][kname], file=sys.stderr)
     for fmt in formats:
         name, dq = fmt.removesuffix("+dq"), int(fmt.endswith("+dq"))
-        for kname in args.kernels.split(","):
+        for kname in (k for k in knames if k not in PLAIN_KERNELS):
             build, head = KERNELS[kname]
             kernel = build(FORMAT_IDS[name], dq)
             out["kernels"][f"{kname}/{fmt}"] = kernel_stats(kernel, head + _WEIGHT, cc)

@@ -16,6 +16,7 @@ from .cpu.tiled import column_align
 from .cpu.tiled import plan as tile_plan
 from .cuda import ops as cuda_ops
 from .cuda import rows as cuda_rows
+from .cuda import scatter as cuda_scatter
 from .cuda import tiled as cuda_tiled
 from .format_ids import wrong_device
 from .fused_rows import (
@@ -184,6 +185,25 @@ def add_product(dst, a, b, device):
         dst[m0:m1] += part
 
 
+def scatter_add_rows(xp, out, idx, g):
+    """out (R, D) += g (N, D) at rows idx (N,) of out, repeats added in the order they come:
+    numpy's add.at on the CPU; on a GPU a kernel that adds the same way, the same bits on every
+    run (cupy's add.at adds by atomics, in no fixed order)."""
+    if xp is np:
+        np.add.at(out, idx, g)
+        return out
+    return cuda_scatter.scatter_add_rows(xp, out, idx, g)
+
+
+def scatter_add_at(xp, out, index, g):
+    """out[index] += g for an index that may repeat entries (advanced indexing), repeats added
+    in the order they come, as scatter_add_rows; out C-contiguous."""
+    if xp is np:
+        np.add.at(out, index, g)
+        return out
+    return cuda_scatter.scatter_add_at(xp, out, index, g)
+
+
 def adamw8_update(w, g, m, v, hyper):
     """One 8-bit AdamW step in place, fused per 256-value block; False where no kernel takes
     these arrays (the caller then runs its array expressions).
@@ -209,5 +229,6 @@ __all__ = ["adamw8_update", "linear_fwd", "linear_bwd", "dequantize_rows", "gath
            "int8_activations", "int8_allowed", "add_product", "rmsnorm_fwd", "rmsnorm_bwd",
            "swiglu_fwd", "swiglu_bwd", "rope_rotate", "softmax_", "probs_t_", "dscores_t_",
            "query_positions", "one_query_attention", "ce_forward", "ce_backward_",
+           "scatter_add_rows", "scatter_add_at",
            "DEFAULT_SCRATCH_CAP", "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD",
            "column_align", "tile_plan", "cuda_scratch_need"]

@@ -1,12 +1,11 @@
 """CUDA packed-linear kernels in Numba's CUDA simulator (a subprocess), on small shapes, and
 the launch grids; on a real GPU: test_kernels_cuda_gpu.py."""
 import json
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from cudasim_run import simulator_results
 from gguf_blocks import random_packed
 
 VARIANTS = [("nf4", False), ("nf4", True), ("fp4", False), ("fp4", True), ("int8", False),
@@ -211,12 +210,8 @@ def _simulator_main():
 # ---------------------------------------------------------------- pytest side
 @pytest.fixture(scope="module")
 def sim():
-    """Run every simulator case once in a subprocess (numba.cuda reads the flag at import)."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, __file__], check=False, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Run every simulator case once in a subprocess."""
+    return simulator_results(__file__, timeout=300)
 
 
 @pytest.mark.parametrize("case_id", list(CASES))

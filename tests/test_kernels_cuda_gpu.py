@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from gguf_blocks import random_packed
 from numba import config, cuda
-from packlora import Device, kernels
+from packlora import Device, Tensor, kernels
+from packlora import ops as pl_ops
 from packlora.errors import DeviceError
 from packlora.kernels.cuda import launch, ops
 from packlora.kernels.cuda.launch import weight_args
@@ -104,6 +105,32 @@ def test_gpu_products_give_the_same_bits_every_time(m):
         first = product(a, w, dev)
         for _ in range(20):
             assert bool(cp.array_equal(product(a, w, dev), first)), (product.__name__, m)
+
+
+@pytest.mark.gpu
+def test_gpu_gradients_through_repeated_indices_give_numpys_bits():
+    """An embedding's gradient and advanced indexing's scatter their rows by a kernel that adds
+    repeats in order (kernels/cuda/scatter.py), not by cupy's atomics: numpy's add.at's bits,
+    on every run."""
+    cp = _cupy()
+    rng = np.random.default_rng(6)
+    dev = Device.cuda(0).autodiff()
+    w0 = rng.standard_normal((50, 576)).astype(np.float32)               # (V, D)
+    ids = rng.integers(0, 50, (8, 512))                                  # (B, T): many repeats
+    g = rng.standard_normal((8, 512, 576)).astype(np.float32)            # (B, T, D)
+    want = np.zeros_like(w0)
+    np.add.at(want, ids.reshape(-1), g.reshape(-1, 576))
+    rows = np.array([3, -1, 3, 7, 3])
+    gi = rng.standard_normal((5, 576)).astype(np.float32)
+    want_at = np.zeros_like(w0)
+    np.add.at(want_at, rows, gi)
+    for _ in range(3):
+        w = Tensor(w0, dev).require_grad()
+        pl_ops.embedding(w, ids).backward(cp.asarray(g))
+        assert np.array_equal(w.grad.numpy(), want)
+        w = Tensor(w0, dev).require_grad()
+        pl_ops.getitem(w, cp.asarray(rows)).backward(cp.asarray(gi))
+        assert np.array_equal(w.grad.numpy(), want_at)
 
 
 @pytest.mark.gpu

@@ -52,10 +52,26 @@ def launch(build, grid, block, args, w, result=1):
     if is_cupy(out):
         _launch_gpu(kernel, grid, block, args, kept)
         return
-    # numpy (simulator, or host arrays on a GPU): explicit copies, so read-only inputs are
-    # never written back; only the result is copied to the host.
+    _launch_host(kernel, grid, block, [*args, *wargs], result)
+
+
+def launch_plain(kernel, grid, block, args, result=1):
+    """kernel[grid, block](*args) for a kernel that takes no packed weight, on cupy's current
+    stream (or on host arrays in the simulator); args[result] is the output array."""
+    check_grid(grid)
+    if is_cupy(args[result]):
+        with _grids_are_ours():
+            kernel[grid, block, _stream()[0]](*_views(args))
+        return
+    _launch_host(kernel, grid, block, args, result)
+
+
+def _launch_host(kernel, grid, block, args, result):
+    """numpy arrays (simulator, or host arrays on a GPU): explicit copies, so read-only inputs
+    are never written back; only args[result] is copied to the host."""
+    out = args[result]
     args = [cuda.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-            for v in [*args, *wargs]]
+            for v in args]
     with _grids_are_ours():
         kernel[grid, block](*args)
     args[result].copy_to_host(out)

@@ -1,4 +1,5 @@
 """Shape ops: reshape, transpose/permute, indexing, concat, split, sum and mean."""
+from .. import kernels
 from ..autodiff import Function
 
 
@@ -32,7 +33,7 @@ class GetItem(Function):
         if _is_basic(self.index):
             out[self.index] = g
         else:
-            xp.add.at(out, self.index, g)  # advanced indexing may repeat entries
+            kernels.scatter_add_at(xp, out, self.index, g)  # advanced indices may repeat
         return (out, None)
 
 
