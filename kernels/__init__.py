@@ -37,6 +37,9 @@ from .fused_rows import (
 # Whether the CPU products accumulate into their output in place (CBLAS sgemm with beta = 1);
 # without it add_product goes through the device's scratch.
 CPU_GEMM_ACCUMULATES = blas.SGEMM is not None
+# Rows up to which a GPU product runs the fused kernels (reductions split into parts), not
+# decoded tiles and cuBLAS.
+CUDA_FUSED_MAX_M = cuda_ops.FUSED_MAX_M
 # Rows of a product up to which add_product adds a temporary rather than accumulate in place.
 FEW_ROWS = 16
 
@@ -77,7 +80,7 @@ def cuda_scratch_need(n, k, m, cap_bytes, block_size, backward):
     """Bytes of scratch a GPU product of M rows with a packed W (N, K) of `block_size` takes,
     forward or backward: a decoded tile of W above the fused sizes (the same for both), else
     the partial sums of a reduction split over blocks."""
-    if m <= cuda_ops.FUSED_MAX_M:
+    if m <= CUDA_FUSED_MAX_M:
         return 4 * cuda_ops.parts_elems(m, n, k, block_size, backward)
     return 4 * cuda_tiled.scratch_elems(n, k, cap_bytes // 4)
 
@@ -231,4 +234,5 @@ __all__ = ["adamw8_update", "linear_fwd", "linear_bwd", "dequantize_rows", "gath
            "query_positions", "one_query_attention", "ce_forward", "ce_backward_",
            "scatter_add_rows", "scatter_add_at",
            "DEFAULT_SCRATCH_CAP", "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD",
+           "CUDA_FUSED_MAX_M",
            "column_align", "tile_plan", "cuda_scratch_need"]

@@ -224,16 +224,20 @@ def test_plan_counts_the_gpu_tile_for_large_batches(tmp_path):
     def scratch(tokens):
         p = plan({**cfg, "device": "cuda", "scratch_mib": 1}, batch_size=1, seq_len=tokens)
         return p["plan"]["categories"]["dense_scratch"]
-    # M <= 16: fused kernels; the largest is the Q8_0 LM head's backward, dh (16, HIDDEN) summed
-    # over the vocabulary, which the GPU's tile splits across blocks: its parts, each the size
-    # of dh, beyond the LoRA products' rows (M x q_proj's width). M = 32: a tile of a whole W
-    # (the cap holds it), the largest the LM head's (vocab, HIDDEN)
+    # M <= 16: fused kernels; the largest is the Q8_0 LM head's backward, dh (m, HIDDEN) summed
+    # over the vocabulary in parts, beyond the LoRA products' rows (M x q_proj's width). The
+    # head sees only the rows with a target, any count up to 16: at m <= 4 the GEMV backward
+    # splits the vocabulary into more parts than the tile does at 16 (on this tiny head more
+    # bytes than the head itself). M = 32: a tile of a whole W (the cap holds it), the largest
+    # the LM head's (vocab, HIDDEN), or the head's parts when 16 or fewer rows have a target
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     assert vocab > mf.INTER
     (_, _, parts), _ = cuda_ops._tile_grid(16, mf.HIDDEN, vocab, cuda_ops.SMALL_M_TILE)
     assert parts > 1
-    assert scratch(16) == 4 * parts * 16 * mf.HIDDEN
-    assert scratch(32) == 4 * vocab * mf.HIDDEN
+    head = max(4 * cuda_ops.parts_elems(m, vocab, mf.HIDDEN, 32, True) for m in range(1, 17))
+    assert head > 4 * parts * 16 * mf.HIDDEN
+    assert scratch(16) == head
+    assert scratch(32) == max(head, 4 * vocab * mf.HIDDEN)
 
 
 # ------------------------------------------------------------------------------- a real GPU

@@ -2,6 +2,7 @@
 from ..adapters.loftq import fit_workspace_bytes
 from ..kernels import (
     CPU_GEMM_ACCUMULATES,
+    CUDA_FUSED_MAX_M,
     FUSED_MAX_M,
     FUSED_MAX_M_BWD,
     column_align,
@@ -66,10 +67,17 @@ def dense_scratch(inp):
         need = max(need, scratch_need(st, inp.tokens, cap, False, gpu))
         if backward:
             need = max(need, scratch_need(st, inp.tokens, cap, True, gpu))
+    return max(need, _head_scratch(inp, cap, gpu))
+
+
+def _head_scratch(inp, cap, gpu):
+    """The head's products take a loss chunk of target rows at a time, the last one fewer: how
+    many depends on the data, so on a GPU every count up to the fused sizes (whose reductions
+    split into parts by the rows) is priced too."""
     rows = min(inp.loss_chunk, inp.tokens)
-    head = inp.head_storage
-    return max(need, scratch_need(head, rows, cap, False, gpu),
-               scratch_need(head, rows, cap, True, gpu))
+    counts = {rows, *range(1, min(rows, CUDA_FUSED_MAX_M) + 1)} if gpu else {rows}
+    return max(scratch_need(inp.head_storage, m, cap, backward, gpu)
+               for m in counts for backward in (False, True))
 
 
 # ----------------------------------------------------------------------------- static parts
