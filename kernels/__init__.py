@@ -81,7 +81,7 @@ def cuda_scratch_need(n, k, m, cap_bytes, block_size, backward):
     forward or backward: a decoded tile of W above the fused sizes (the same for both), else
     the partial sums of a reduction split over blocks."""
     if m <= CUDA_FUSED_MAX_M:
-        return 4 * cuda_ops.parts_elems(m, n, k, block_size, backward)
+        return 4 * cuda_ops.parts_elems(m, n, k, block_size, backward, cap_bytes // 4)
     return 4 * cuda_tiled.scratch_elems(n, k, cap_bytes // 4)
 
 

@@ -234,7 +234,8 @@ def test_plan_counts_the_gpu_tile_for_large_batches(tmp_path):
     assert vocab > mf.INTER
     (_, _, parts), _ = cuda_ops._tile_grid(16, mf.HIDDEN, vocab, cuda_ops.SMALL_M_TILE)
     assert parts > 1
-    head = max(4 * cuda_ops.parts_elems(m, vocab, mf.HIDDEN, 32, True) for m in range(1, 17))
+    head = max(4 * cuda_ops.parts_elems(m, vocab, mf.HIDDEN, 32, True, (1 << 20) // 4)
+               for m in range(1, 17))
     assert head > 4 * parts * 16 * mf.HIDDEN
     assert scratch(16) == head
     assert scratch(32) == max(head, 4 * vocab * mf.HIDDEN)

@@ -309,6 +309,29 @@ def test_gpu_split_reductions_take_a_few_mib(n, k, m):
     assert ops.parts_elems(m, n, k, 32, True) > 0  # the backward splits at these shapes
 
 
+@pytest.mark.parametrize("n,k", [(700, 1024), (128256, 4096), (4096, 11008)])
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_gpu_split_reductions_keep_to_the_scratch_cap(monkeypatch, n, k, m):
+    """A Device's scratch cap (scratch_mib) bounds the parts too: a small cap splits the
+    reduction fewer times, and the plan (parts_elems) asks what the launch takes."""
+    from packlora.kernels.cuda import ops
+    from packlora.quant import PackedWeight
+    _grids(monkeypatch)
+    monkeypatch.setattr(ops, "is_cupy", lambda a: True)  # the parts go to the scratch, as on a GPU
+    cap, asked = (1 << 20) // 4, []
+    def scratch(nelem):
+        asked.append(nelem)
+        return np.empty(nelem, np.float32)
+    w = PackedWeight.from_gguf("Q4_0", (n, k), np.zeros((n, k // 32 * 18), np.uint8))  # untouched
+    ops.linear_fwd(np.zeros((m, k), np.float32), w, scratch=scratch, cap_elems=cap)
+    ops.linear_bwd(np.zeros((m, n), np.float32), w, scratch=scratch, cap_elems=cap)
+    planned = [ops.parts_elems(m, n, k, 32, bwd, cap) for bwd in (False, True)]
+    assert asked == [e for e in planned if e]
+    assert max(asked, default=0) <= cap
+    if cap // (m * k) >= 2:  # room for two parts of dx: the backward still splits
+        assert planned[1] > 0
+
+
 def test_gpu_embedding_lookup_of_many_tokens_fits_the_grid(monkeypatch):
     """A batch of 16 x 4,096 tokens looks up 65,536 rows: more than a grid's y allows."""
     from packlora.kernels.cuda.rows import gather_rows

@@ -41,7 +41,7 @@ def linear_fwd(x, w, out=None, *, tile=None, scratch=None, cap_elems=0):
     y = _output(x, out, (x.shape[0], n), "linear_fwd")
     if _tiled(x, y, w, tile, scratch):
         return tiled.fwd(array_module(x), x, w, y, scratch, cap_elems)
-    _launch(x, y, w, bwd=0, tile=tile, scratch=scratch)
+    _launch(x, y, w, bwd=0, tile=tile, scratch=scratch, cap_elems=cap_elems)
     return y
 
 
@@ -52,7 +52,7 @@ def linear_bwd(dy, w, out=None, *, tile=None, scratch=None, cap_elems=0):
     dx = _output(dy, out, (dy.shape[0], k), "linear_bwd")
     if _tiled(dy, dx, w, tile, scratch):
         return tiled.bwd(array_module(dy), dy, w, dx, scratch, cap_elems)
-    _launch(dy, dx, w, bwd=1, tile=tile, scratch=scratch)
+    _launch(dy, dx, w, bwd=1, tile=tile, scratch=scratch, cap_elems=cap_elems)
     return dx
 
 
@@ -94,11 +94,12 @@ def _default_tile(m):
     return SMALL_M_TILE if m <= FUSED_MAX_M else LARGE_M_TILE
 
 
-def _launch(a, c, w, bwd, tile, scratch=None):
+def _launch(a, c, w, bwd, tile, scratch=None, cap_elems=0):
     """Launch the packed GEMV (M <= GEMV_MAX_M, no tile asked for, whole runs: gemv.fits) or
     GEMM kernel for c = a @ (W.T if fwd else W). A reduction split over blocks leaves a part
-    per block (in the scratch where there is one), added up here in a fixed order: the same
-    inputs give the same bits on every run, which atomic adds into c would not."""
+    per block (in the scratch where there is one, as many as cap_elems holds when given),
+    added up here in a fixed order: the same inputs give the same bits on every run, which
+    atomic adds into c would not."""
     if is_cupy(next(iter(w.buffers.values()))) != is_cupy(a):
         raise wrong_device(w, is_cupy(a))
     m, cdim = c.shape
@@ -107,18 +108,19 @@ def _launch(a, c, w, bwd, tile, scratch=None):
     if a.shape[1] == 0:
         zero(c)
         return
+    most = _most_parts(m, cdim, cap_elems)
     if tile is None and _gemv_takes(m, w.block_size, w.shape[1], bwd):
-        _launch_gemv(a, c, w, bwd, scratch)
+        _launch_gemv(a, c, w, bwd, scratch, most)
         return
     tile = tile or _default_tile(m)
-    grid, span = _tile_grid(m, cdim, a.shape[1], tile)
+    grid, span = _tile_grid(m, cdim, a.shape[1], tile, most)
     parts = _parts(c, grid[2], scratch)
     grp = int(grouped(tile.seg, int(w.block_size), int(w.shape[1])))
     launch(gemm_kernel(tile), grid, tile.block, [a, parts, bwd, span, grp], w)
     _add_parts(parts, c)
 
 
-def _launch_gemv(a, c, w, bwd, scratch):
+def _launch_gemv(a, c, w, bwd, scratch, most):
     threads = _gemv_threads()
     bound = gemv.row_bound(a.shape[0])
     if not bwd:  # a warp per gemv.fwd_shape(bound)[0] rows of W
@@ -126,7 +128,7 @@ def _launch_gemv(a, c, w, bwd, scratch):
         per_block = (threads // 32) * gemv.fwd_shape(bound)[0]
         launch(build, (_cdiv(c.shape[1], per_block),), threads, [a, c], w)
         return
-    grid, rows = _gemv_bwd_grid(a.shape[1], c.shape[1], threads)
+    grid, rows = _gemv_bwd_grid(a.shape[1], c.shape[1], threads, most)
     parts = _parts(c, grid[1], scratch)
     build = functools.partial(gemv.gemv_bwd, rows=bound)
     launch(build, grid, threads, [a, parts, rows], w)
@@ -143,18 +145,25 @@ def _gemv_threads():
     return SIM_GEMV_THREADS if config.ENABLE_CUDASIM else gemv.THREADS
 
 
-def _gemv_bwd_grid(n, k, threads):
-    """((column blocks, row chunks), W's rows a chunk) of the GEMV backward for W (N, K)."""
+def _most_parts(m, cdim, cap_elems):
+    """Parts of an (m, cdim) output the scratch cap holds (at least 1: the output itself);
+    without a cap (0) as many as the grid wants."""
+    return max(1, cap_elems // max(m * cdim, 1)) if cap_elems else TARGET_BLOCKS
+
+
+def _gemv_bwd_grid(n, k, threads, most=TARGET_BLOCKS):
+    """((column blocks, row chunks), W's rows a chunk) of the GEMV backward for W (N, K), at
+    most `most` chunks (each a part)."""
     cols = _cdiv(k, threads * gemv.BWD_SEG)
-    rows = _cdiv(n, min(n, _cdiv(TARGET_BLOCKS, cols)))
+    rows = _cdiv(n, min(n, _cdiv(TARGET_BLOCKS, cols), most))
     return (cols, _cdiv(n, rows)), rows
 
 
-def _tile_grid(m, cdim, rdim, tile):
+def _tile_grid(m, cdim, rdim, tile, most=TARGET_BLOCKS):
     """(grid, span) of the tile kernel: C's tiles along x and y, the reduction's parts of
-    `span` along z."""
+    `span` along z (at most `most`)."""
     grid = (_cdiv(cdim, tile.tc), _cdiv(m, tile.tm))
-    span = _reduction_span(rdim, grid[0] * grid[1], tile.tr)
+    span = _reduction_span(rdim, grid[0] * grid[1], tile.tr, most)
     return (*grid, _cdiv(rdim, span)), span
 
 
@@ -174,23 +183,26 @@ def _add_parts(parts, c):
         array_module(c).sum(parts, axis=0, out=c)
 
 
-def parts_elems(m, n, k, block_size, bwd):
+def parts_elems(m, n, k, block_size, bwd, cap_elems=0):
     """float32 elements of scratch the partial sums of a fused product take: M rows (at most
-    FUSED_MAX_M) with a packed W (N, K) of `block_size`, forward or backward (0: one part)."""
+    FUSED_MAX_M) with a packed W (N, K) of `block_size`, forward or backward, under a scratch
+    cap of cap_elems (0: none) (0: one part)."""
     cdim, rdim = (k, n) if bwd else (n, k)
+    most = _most_parts(m, cdim, cap_elems)
     if _gemv_takes(m, block_size, k, bwd):
-        parts = _gemv_bwd_grid(n, k, _gemv_threads())[0][1] if bwd else 1
+        parts = _gemv_bwd_grid(n, k, _gemv_threads(), most)[0][1] if bwd else 1
     else:
-        parts = _tile_grid(m, cdim, rdim, _default_tile(m))[0][2]
+        parts = _tile_grid(m, cdim, rdim, _default_tile(m), most)[0][2]
     return parts * m * cdim if parts > 1 else 0
 
 
-def _reduction_span(rdim, blocks, tr):
+def _reduction_span(rdim, blocks, tr, most=TARGET_BLOCKS):
     """Reduction length per block: all of it, or a multiple of tr that gives ~TARGET_BLOCKS
-    blocks when the output alone gives too few (small M on a wide GPU)."""
-    if blocks >= TARGET_BLOCKS:
+    blocks (and at most `most` parts) when the output alone gives too few (small M on a wide
+    GPU)."""
+    if blocks >= TARGET_BLOCKS or most <= 1:
         return max(rdim, 1)
-    splits = min(_cdiv(TARGET_BLOCKS, blocks), max(1, rdim // (2 * tr)))
+    splits = min(_cdiv(TARGET_BLOCKS, blocks), max(1, rdim // (2 * tr)), most)
     return _cdiv(_cdiv(rdim, splits), tr) * tr
 
 
