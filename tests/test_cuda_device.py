@@ -308,15 +308,16 @@ def test_gpu_fine_tune_checkpoint_and_bit_exact_resume(tiny, tmp_path, monkeypat
     with pytest.raises(_Crash):
         finetune(cfg(tmp_path / "b"), progress=False)
     monkeypatch.setattr(Trainer, "train_step", orig)
+    shutil.copytree(tmp_path / "b", tmp_path / "on-cpu")  # the GPU's step-2 checkpoint
     c = cfg(tmp_path / "b")
     c["resume"] = "auto"
     resumed = finetune(c, progress=False)
     assert losses(resumed) == losses(whole)[2:]
-    shutil.copytree(tmp_path / "b", tmp_path / "on-cpu")  # the GPU's checkpoint, on the CPU
     c = {**cfg(tmp_path / "on-cpu", "cpu"), "resume": "auto",
          "resume_allow": ["device", "scratch_mib"]}
     with pytest.warns(UserWarning, match=r"another device's \(cuda\)"):
-        assert all(np.isfinite(losses(finetune(c, progress=False))))
+        on_cpu = losses(finetune(c, progress=False))
+    assert len(on_cpu) == 3 and all(np.isfinite(on_cpu))  # steps 3 to 5, on the CPU
     cpu = finetune(cfg(tmp_path / "c", "cpu"), progress=False)
     assert abs(losses(cpu)[0] - losses(whole)[0]) < 1e-3 * abs(losses(cpu)[0])
 
