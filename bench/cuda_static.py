@@ -1,9 +1,9 @@
 """What the CUDA kernels compile to, without a GPU: registers, stack (local memory) and spills
 per thread and shared memory per block from ptxas, and PTX instructions (all; fma.rn.f32; loads
-from global and from shared memory: reads per multiply-add; atomics), per kernel and format,
-as JSON; and, as a measure of decoding cost, the straight-line PTX of one run of 8 values
-decoded by `decode_run` (any run) and by `decode_group` (a run inside one scale group: the hot
-loops).
+from global and from shared memory: reads per multiply-add; atomics, all and on floats), per
+kernel and format, as JSON; and, as a measure of decoding cost, the straight-line PTX of one
+run of 8 values decoded by `decode_run` (any run) and by `decode_group` (a run inside one scale
+group: the hot loops).
 
 A GPU is lent to this project only now and then; between runs these are the numbers a kernel
 change can be judged by (a kernel whose registers or local memory grow runs fewer warps or
@@ -44,18 +44,22 @@ _RUN_SHAPE = (1, RUN)
 _F32_2D = types.Array(types.float32, 2, "C")
 _F32_3D = types.Array(types.float32, 3, "C")  # the parts of a reduction split over blocks
 _INT = types.int64
+_COUNTS = types.Array(types.int32, 1, "C")  # a counter an output tile (parts.py)
 # kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, codebook (launch.weight_args)
 _WEIGHT = (_INT, _INT, types.Array(types.uint8, 1, "C"), types.Array(types.float16, 1, "C"),
            *(types.Array(t, 1, "C") for t in (types.float32, types.uint8, types.float32,
                                               types.float32, types.float32, types.float32)))
-_TILE_ARGS = (_F32_2D, _F32_3D, _INT, _INT, _INT)  # a, c parts, bwd, span, grp
+_TILE_ARGS = (_F32_2D, _F32_3D, _F32_2D, _COUNTS, _INT, _INT, _INT, _INT)  # a, c parts, out,
+# counts, fold, bwd, span, grp
+_GEMV_BWD_ARGS = (_F32_2D, _F32_3D, _F32_2D, _COUNTS, _INT, _INT)  # dy, parts, dx, counts,
+# fold, chunk
 # kernel name -> (build(fmt, dq), the arguments before the weight's); _16: the GEMV for
 # up to 16 rows; tile_4x4_*: the small-M tiles the GPU check times against SMALL_M_TILE
 KERNELS = {
     "gemv_fwd": (gemv.gemv_fwd, (_F32_2D, _F32_2D)),
-    "gemv_bwd": (gemv.gemv_bwd, (_F32_2D, _F32_3D, _INT)),
+    "gemv_bwd": (gemv.gemv_bwd, _GEMV_BWD_ARGS),
     "gemv_fwd_16": (functools.partial(gemv.gemv_fwd, rows=gemv.MAX_M), (_F32_2D, _F32_2D)),
-    "gemv_bwd_16": (functools.partial(gemv.gemv_bwd, rows=gemv.MAX_M), (_F32_2D, _F32_3D, _INT)),
+    "gemv_bwd_16": (functools.partial(gemv.gemv_bwd, rows=gemv.MAX_M), _GEMV_BWD_ARGS),
     "tile_small_m": (gemm_kernel(SMALL_M_TILE), _TILE_ARGS),
     "tile_large_m": (gemm_kernel(LARGE_M_TILE), _TILE_ARGS),
     **{name: (gemm_kernel(tile), _TILE_ARGS) for name, tile in SMALL_M_CANDIDATES.items()},
@@ -113,8 +117,10 @@ def _ptxas(ptx, cc):
             "spill_loads": num(r"(\d+) bytes spill loads"), "smem_bytes": num(r"(\d+) bytes smem")}
 
 
-# atom.* / red.* (predicated or not): float atomic adds land in an order that varies between
-# runs, so a kernel with them gives results that differ in their last bits
+# atom.* / red.* on floats (predicated or not): float atomic adds land in an order that varies
+# between runs, so a kernel with them gives results that differ in their last bits (integer
+# counters, as parts.py keeps, do not)
+_FLOAT_ATOMIC = re.compile(r"(^|\s)(atom|red)\.[\w.]*\.f(16|32|64)\b")
 _ATOMIC = re.compile(r"(^|\s)(atom|red)\.")
 
 
@@ -134,6 +140,7 @@ def kernel_stats(kernel, sig, cc):
             "ptx_fma": count("fma.rn.f32"), "ptx_global_loads": count("ld.global"),
             "ptx_shared_loads": count("ld.shared"),
             "ptx_atomics": sum(1 for ln in body if _ATOMIC.search(ln)),
+            "ptx_float_atomics": sum(1 for ln in body if _FLOAT_ATOMIC.search(ln)),
             "compile_s": round(compile_s, 2)}
 
 

@@ -12,6 +12,9 @@ Three ways to the same product, taking turns call by call (CUDA-event times, med
                 ops.SMALL_M_TILE (which the next SMALL_M_TILE should be);
   ordinary      at M <= 16, `packed` with every launch through Numba's ordinary path (typing
                 and marshalling each argument; packlora replays a prepared launch instead);
+  sum_after     at M <= 16, `packed` with a split reduction's parts added by a cupy sum after
+                the launch, not by the last block of each output tile in it
+                (ops.SUM_PARTS_IN_KERNEL);
   *_tf32        at M > 16, packed and deq_cublas again with TF32 tensor cores on (cupy's
                 float32 compute type, Device.set_tf32), taking turns in a pass of their own:
                 cuBLAS on both sides at that precision.
@@ -101,6 +104,7 @@ def _small_m_sides(calls, m):
     for side, gemv_max in (("gemv", m), ("tile", 0)):  # GEMV_MAX_M 0: always the tile
         calls[side] = _with(cuda_ops, "GEMV_MAX_M", gemv_max, calls["packed"])
     calls["ordinary"] = _with(cuda_launch, "PREPARED_LAUNCHES", False, calls["packed"])
+    calls["sum_after"] = _with(cuda_ops, "SUM_PARTS_IN_KERNEL", False, calls["packed"])
     if m > cuda_ops.GEMV_MAX_M:
         for side, tile in cuda_ops.SMALL_M_CANDIDATES.items():
             calls[side] = _with(cuda_ops, "SMALL_M_TILE", tile, calls["tile"])
@@ -129,7 +133,7 @@ def _ratios(name, t):
     row = {f"{name}_{side}_ms": round(t[side][0] * 1e3, 4) for side in t}
     row.update({f"{name}_{side}_host_ms": round(t[side][2] * 1e3, 4) for side in t})
     row[f"{name}_vs_deq_cublas"] = round(t["packed"][0] / t["deq_cublas"][0], 3)
-    for side in ("gemv", "tile", "ordinary", *cuda_ops.SMALL_M_CANDIDATES):
+    for side in ("gemv", "tile", "ordinary", "sum_after", *cuda_ops.SMALL_M_CANDIDATES):
         if side in t:
             row[f"{name}_{side}_vs_deq_cublas"] = round(t[side][0] / t["deq_cublas"][0], 3)
     if "packed_tf32" in t:

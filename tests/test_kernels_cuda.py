@@ -174,12 +174,44 @@ def _sim_weight_args(ops, quantize, rng):
             "after": _rel_err(ops.linear_fwd(x, w), x @ other.dequantize().T)}
 
 
+def _sim_fold_bits(ops, quantize, rng):
+    """The split products with the kernel adding its parts (SUM_PARTS_IN_KERNEL) and with numpy
+    adding them after the launch: the same bits, as both add the parts in order; and how many
+    launches the kernel added in."""
+    folds, plain = [], ops.launch
+
+    def spy(build, grid, block, args, w, result=1):
+        if len(args) > 4:  # the tile's and the GEMV backward's (the GEMV forward does not split)
+            folds.append(args[4])
+        plain(build, grid, block, args, w, result)
+    cases = [*PRODUCTION_CASES, ("q4_0", False, (3, 40, 256), None),
+             ("nf4", True, (1, 64, 512), None)]
+    out, ops.launch = {}, spy
+    try:
+        for fmt, dq, (m, n, k), tile in cases:
+            w = random_packed(fmt, n, k, rng) if fmt in KQUANTS else quantize(
+                rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=dq)
+            x = rng.standard_normal((m, k)).astype(np.float32)           # (M, K)
+            dy = rng.standard_normal((m, n)).astype(np.float32)          # (M, N)
+            tile = getattr(ops, tile) if tile else None
+            got = []
+            for ops.SUM_PARTS_IN_KERNEL in (True, False):
+                got.append((ops.linear_fwd(x, w, tile=tile), ops.linear_bwd(dy, w, tile=tile)))
+            out[f"{fmt}-{m}x{n}x{k}"] = all(np.array_equal(a, b) for a, b in zip(*got))
+    finally:
+        ops.launch, ops.SUM_PARTS_IN_KERNEL = plain, True
+    out["folded"] = sum(folds)
+    return out
+
+
 def _simulator_main():
     # Threads switch every 0.1 ms, so that a missing barrier in a kernel shows. The simulator's
-    # own race on shared arrays (cudasim_shared.py) is closed first.
+    # own races, on shared arrays and on device functions' module swap (cudasim_shared.py), are
+    # closed first.
     sys.setswitchinterval(1e-4)
-    from cudasim_shared import lock_shared_arrays
+    from cudasim_shared import lock_shared_arrays, swap_modules_per_launch
     lock_shared_arrays()
+    swap_modules_per_launch()
     from numba import config
     from packlora.kernels.cuda import ops
     from packlora.kernels.cuda.gemm import Tile
@@ -191,6 +223,7 @@ def _simulator_main():
     out["api"] = _sim_api(ops, quantize, rng)
     out["gather"] = _sim_gather(quantize, rng)
     out["weight_args"] = _sim_weight_args(ops, quantize, rng)
+    out["fold_bits"] = _sim_fold_bits(ops, quantize, rng)
     # the GEMV at every row bound (GEMV_MAX_M raised to gemv.MAX_M), M up to 16; N not a
     # multiple of a warp's rows of W, K not of a block's chunk of x
     every_bound = {"GEMV_MAX_M": ops.gemv.MAX_M}
@@ -243,6 +276,12 @@ def test_simulator_api_and_errors(sim):
     assert "x must be (M, 32)" in res["bad_width"]
     assert "dy must be float32" in res["bad_dtype"]
     assert "out must be float32 (2, 9)" in res["bad_out"]
+
+
+def test_simulator_parts_added_in_the_kernel_give_the_same_bits(sim):
+    res = dict(sim["fold_bits"])
+    assert res.pop("folded") >= len(res), "the kernels did not add their parts"
+    assert all(res.values()), res
 
 
 def test_simulator_weight_args_follow_buffers(sim):

@@ -89,11 +89,14 @@ def _gpu_check_products(cp, w, m, rng, what):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("in_kernel", [True, False])
 @pytest.mark.parametrize("m", [1, 4, 16])
-def test_gpu_products_give_the_same_bits_every_time(m):
+def test_gpu_products_give_the_same_bits_every_time(monkeypatch, m, in_kernel):
     """The reductions split across blocks (the GEMV backward, the tile's at M <= 16 on a wide
-    K) add their parts in a fixed order, not by atomics: twenty calls, one result to the bit."""
+    K) add their parts in a fixed order, not by atomics, whether the last block of each output
+    tile adds them or a cupy sum after the launch: twenty calls, one result to the bit."""
     cp = _cupy()
+    monkeypatch.setattr(ops, "SUM_PARTS_IN_KERNEL", in_kernel)
     rng = np.random.default_rng(5)
     dev = Device.cuda(0)
     w = quantize(rng.standard_normal((1024, 4096)).astype(np.float32), "nf4",

@@ -1,5 +1,6 @@
 """Tiled fused dequant-GEMM kernel: C = A @ B with B a packed weight decoded tile by tile; a
-reduction split over blocks leaves one part of C per block along it, added up by the caller."""
+reduction split over blocks leaves one part of C per block along it, added up in order by the
+last block of each tile of C to finish (parts.py), or by the caller."""
 
 import functools
 from dataclasses import dataclass
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 from numba import cuda, float32
 
 from .decode import decode_group, decode_run
+from .parts import last_to_arrive, tile_adder
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,18 @@ class Tile:
 
 
 def gemm_kernel(tile):
-    """The kernel builder for a Tile: build(fmt, dq) as launch.launch calls it."""
+    """The kernel builder for a Tile: build(fmt, dq) as launch.launch calls it.
+
+    The kernel's arguments: a (M, R) float32; c (Z, M, C) float32 parts, Z the grid's z; out
+    (M, C); counts, fold, bwd, span, grp; then the weight's (launch.weight_args), logical W
+    (N, kdim).
+      fwd (bwd=0): R = kdim, C = N, B[r, col] = W[col, r]  -> sum(c, 0) = a @ W.T
+      bwd (bwd=1): R = N, C = kdim, B[r, col] = W[r, col]  -> sum(c, 0) = a @ W
+    grp: runs of SEG at multiples of SEG lie inside one scale group (decode.grouped). Block z
+    covers reductions [z*span, (z+1)*span), span a multiple of TR (so only the last tile of all
+    can pass rdim), and writes c[z]. fold: the last block of a tile of C to finish writes
+    out = sum(c, 0) there, in order (counts: a counter a tile, zero before the launch and after
+    it, parts.py); else the caller adds the parts."""
     return functools.partial(_build, tile.tm, tile.tc, tile.tr, tile.rm, tile.rn, tile.seg)
 
 
@@ -51,16 +64,12 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
     load_b = _b_loader(TC, TR, SEG, NT, fmt, dq)
     mac = _mac(TR, RM, RN, BX, BY)
     store = _store(RM, RN, BX, BY)
+    add_tile = tile_adder(TM, TC, NT)
 
     @cuda.jit(cache=True)
-    def packed_gemm(a, c, bwd, span, grp, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff,
-                    cb):
-        # a: (M, R) float32; c: (Z, M, C) float32, Z the grid's z. Logical W is (N, kdim).
-        # fwd (bwd=0): R = kdim, C = N, B[r, col] = W[col, r]  -> sum(c, 0) = a @ W.T
-        # bwd (bwd=1): R = N, C = kdim, B[r, col] = W[r, col]  -> sum(c, 0) = a @ W
-        # grp: runs of SEG at multiples of SEG lie inside one scale group (decode.grouped).
-        # Block z covers reductions [z*span, (z+1)*span), span a multiple of TR (so only the
-        # last tile of all can pass rdim), and writes c[z]; the caller adds the parts in order.
+    def packed_gemm(a, c, out, counts, fold, bwd, span, grp, kdim, bs, q, q16, absmax, amq,
+                    amcode, amscale, amoff, cb):
+        # a (M, R), c (Z, M, C) parts, out (M, C): see gemm_kernel
         a_s = cuda.shared.array(shape=(TR, TM_PAD), dtype=float32)
         b_s = cuda.shared.array(shape=(TR, TC_PAD), dtype=float32)
         acc = cuda.local.array(shape=(RM, RN), dtype=float32)
@@ -87,6 +96,10 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
             mac(a_s, b_s, acc, am, bn, tx, ty)
             cuda.syncthreads()
         store(c, acc, m0, c0, mdim, cdim, tx, ty)
+        if fold:
+            slot = cuda.blockIdx.y * cuda.gridDim.x + cuda.blockIdx.x
+            if last_to_arrive(counts, slot, cuda.gridDim.z, tid):
+                add_tile(c, out, m0, c0, mdim, cdim, tid)
 
     return packed_gemm
 

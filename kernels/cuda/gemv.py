@@ -8,8 +8,9 @@ and decoded in registers; nothing dense is written.
                           sums its lanes' dot products (through shared memory, once for all
                           rows of x)
   backward  dx = dy @ W   a thread per run of BWD_SEG columns k, a block per chunk of W's rows;
-                          each chunk's partial sums go to a part of their own, which ops.py
-                          adds up in order (atomic adds would make dx differ between runs)
+                          each chunk's partial sums go to a part of their own, added up in
+                          order by the last block of the columns to finish (parts.py) or by
+                          ops.py (atomic adds would make dx differ between runs)
 Every run must be whole and inside one scale group (`fits`: K a multiple of the run, and the
 flat formats' block size): each reads its scales once, and its values and the per-row sums stay
 in registers (constant trip counts, unrolled); other weights take the tile kernel. Kernels are
@@ -20,6 +21,7 @@ import functools
 from numba import cuda, float32
 
 from .decode import decode_group, grouped
+from .parts import last_to_arrive
 
 MAX_M = 16        # rows of x (or dy) a launch takes at most: the per-thread accumulators
 SMALL_M = 4       # ... and the bound of the kernels built for the fewest rows (fewer registers)
@@ -150,30 +152,45 @@ def gemv_bwd(fmt, dq, rows=SMALL_M):
     accs = rows * BWD_SEG
 
     @cuda.jit(cache=True)
-    def kernel(dy, parts, chunk, kdim, bs, q, q16, absmax, amq, amcode, amscale, amoff, cb):
+    def kernel(dy, parts, dx, counts, fold, chunk, kdim, bs, q, q16, absmax, amq, amcode,
+               amscale, amoff, cb):
         # dy (M, N), parts (chunks, M, K); block (bx, by): columns from bx * threads * BWD_SEG,
-        # W's rows [by * chunk, (by + 1) * chunk), its sums into parts[by]
+        # W's rows [by * chunk, (by + 1) * chunk), its sums into parts[by]. fold: the last
+        # block of column block bx to finish writes dx (M, K) = sum(parts, 0) there, in order
+        # (counts: a counter a column block, zero before the launch and after it).
         k = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * BWD_SEG
-        if k >= kdim:
-            return
-        n0 = cuda.blockIdx.y * chunk
-        n1 = min(dy.shape[1], n0 + chunk)
         mdim = dy.shape[0]
-        w = cuda.local.array(_BWD_RUN, float32)
-        acc = cuda.local.array(accs, float32)
-        for i in range(accs):
-            acc[i] = float32(0.0)
-        for n in range(n0, n1):
-            decode_group(w, 0, 0, 0, 1, BWD_SEG, n, k, kdim, fmt, bs, dq, q, q16, absmax, amq,
-                         amcode, amscale, amoff, cb)
+        if k < kdim:  # every thread goes on to count in (last_to_arrive meets the block)
+            n0 = cuda.blockIdx.y * chunk
+            w = cuda.local.array(_BWD_RUN, float32)
+            acc = cuda.local.array(accs, float32)
+            for i in range(accs):
+                acc[i] = float32(0.0)
+            for n in range(n0, min(dy.shape[1], n0 + chunk)):
+                decode_group(w, 0, 0, 0, 1, BWD_SEG, n, k, kdim, fmt, bs, dq, q, q16, absmax,
+                             amq, amcode, amscale, amoff, cb)
+                for m in range(rows):
+                    if m < mdim:
+                        g = dy[m, n]
+                        for t in range(BWD_SEG):
+                            acc[m * BWD_SEG + t] += g * w[0, t]
             for m in range(rows):
                 if m < mdim:
-                    g = dy[m, n]
                     for t in range(BWD_SEG):
-                        acc[m * BWD_SEG + t] += g * w[0, t]
-        for m in range(rows):
-            if m < mdim:
-                for t in range(BWD_SEG):
-                    parts[cuda.blockIdx.y, m, k + t] = acc[m * BWD_SEG + t]
+                        parts[cuda.blockIdx.y, m, k + t] = acc[m * BWD_SEG + t]
+        if fold and last_to_arrive(counts, cuda.blockIdx.x, cuda.gridDim.y, cuda.threadIdx.x):
+            if k < kdim:
+                _add_runs(parts, dx, k, mdim)
 
     return kernel
+
+
+@cuda.jit(device=True, cache=True)
+def _add_runs(parts, dx, k, mdim):
+    """dx[:, k : k + BWD_SEG] = the sum of its parts, in order (every row of dx)."""
+    for m in range(mdim):
+        for t in range(BWD_SEG):
+            s = parts[0, m, k + t]
+            for z in range(1, parts.shape[0]):
+                s += parts[z, m, k + t]
+            dx[m, k + t] = s

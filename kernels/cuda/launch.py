@@ -221,6 +221,18 @@ def _contiguous(w, name):
 
 _PLACEHOLDERS = {}
 _CODEBOOKS = {}
+_COUNTERS = {}
+
+
+def counters(xp, n):
+    """At least n int32 counters on xp's device, zero between launches (parts.py): made once
+    and kept, larger when a launch needs more (the old ones are freed in stream order)."""
+    key = _where(xp)
+    have = _COUNTERS.get(key)
+    if have is None or have.size < n:
+        have = _COUNTERS[key] = xp.zeros(max(n, 1024, 0 if have is None else 2 * have.size),
+                                         dtype=np.int32)
+    return have
 
 
 def _placeholders(xp):

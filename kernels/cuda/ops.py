@@ -10,7 +10,7 @@ from ..format_ids import checked_format, wrong_device
 from . import gemv, tiled
 from .decode import grouped
 from .gemm import Tile, gemm_kernel
-from .launch import is_cupy, launch, zero
+from .launch import counters, is_cupy, launch, zero
 
 SIM_TILE = Tile(tm=8, tc=16, tr=16, rm=4, rn=4, seg=8)  # 8 threads: fast in the simulator
 SMALL_M_TILE = Tile(tm=16, tc=64, tr=32, rm=1, rn=4, seg=8)  # 256 threads, M <= 16
@@ -31,6 +31,10 @@ assert GEMV_MAX_M <= gemv.MAX_M
 TARGET_BLOCKS = 512
 # GEMV threads a block in the simulator: one warp is fast there (a test runs the GPU's)
 SIM_GEMV_THREADS = 32
+# A reduction split over blocks: the last block of each output tile adds the parts (parts.py),
+# in the product's one launch; off: a cupy (or numpy) sum along the parts after it (the GPU
+# check times both).
+SUM_PARTS_IN_KERNEL = True
 
 
 def linear_fwd(x, w, out=None, *, tile=None, scratch=None, cap_elems=0):
@@ -98,8 +102,8 @@ def _launch(a, c, w, bwd, tile, scratch=None, cap_elems=0):
     """Launch the packed GEMV (M <= GEMV_MAX_M, no tile asked for, whole runs: gemv.fits) or
     GEMM kernel for c = a @ (W.T if fwd else W). A reduction split over blocks leaves a part
     per block (in the scratch where there is one, as many as cap_elems holds when given),
-    added up here in a fixed order: the same inputs give the same bits on every run, which
-    atomic adds into c would not."""
+    added up in a fixed order (in the kernel, or here): the same inputs give the same bits on
+    every run, which atomic adds into c would not."""
     if is_cupy(next(iter(w.buffers.values()))) != is_cupy(a):
         raise wrong_device(w, is_cupy(a))
     m, cdim = c.shape
@@ -115,9 +119,12 @@ def _launch(a, c, w, bwd, tile, scratch=None, cap_elems=0):
     tile = tile or _default_tile(m)
     grid, span = _tile_grid(m, cdim, a.shape[1], tile, most)
     parts = _parts(c, grid[2], scratch)
+    fold, counts = _folding(parts, c, grid[0] * grid[1])
     grp = int(grouped(tile.seg, int(w.block_size), int(w.shape[1])))
-    launch(gemm_kernel(tile), grid, tile.block, [a, parts, bwd, span, grp], w)
-    _add_parts(parts, c)
+    launch(gemm_kernel(tile), grid, tile.block, [a, parts, c, counts, fold, bwd, span, grp], w,
+           result=2 if fold else 1)
+    if not fold:
+        _add_parts(parts, c)
 
 
 def _launch_gemv(a, c, w, bwd, scratch, most):
@@ -130,9 +137,11 @@ def _launch_gemv(a, c, w, bwd, scratch, most):
         return
     grid, rows = _gemv_bwd_grid(a.shape[1], c.shape[1], threads, most)
     parts = _parts(c, grid[1], scratch)
+    fold, counts = _folding(parts, c, grid[0])
     build = functools.partial(gemv.gemv_bwd, rows=bound)
-    launch(build, grid, threads, [a, parts, rows], w)
-    _add_parts(parts, c)
+    launch(build, grid, threads, [a, parts, c, counts, fold, rows], w, result=2 if fold else 1)
+    if not fold:
+        _add_parts(parts, c)
 
 
 def _gemv_takes(m, block_size, k, bwd):
@@ -174,6 +183,13 @@ def _parts(c, n, scratch):
     if scratch is not None and is_cupy(c):
         return scratch(n * c.size).reshape(n, *c.shape)
     return array_module(c).empty((n, *c.shape), np.float32)
+
+
+def _folding(parts, c, tiles):
+    """(fold, counters) of a launch with these parts and `tiles` output tiles: fold 1 where
+    the kernel adds its parts (more than one, SUM_PARTS_IN_KERNEL)."""
+    fold = int(parts.shape[0] > 1 and SUM_PARTS_IN_KERNEL)
+    return fold, counters(array_module(c), tiles if fold else 1)
 
 
 def _add_parts(parts, c):
