@@ -150,6 +150,7 @@ def _warp_sums(rows, nw):
 def gemv_bwd(fmt, dq, rows=SMALL_M):
     """The backward kernel for format id fmt (dq: double-quantized absmax), up to `rows` rows."""
     accs = rows * BWD_SEG
+    add_runs = _run_adder(rows)
 
     @cuda.jit(cache=True)
     def kernel(dy, parts, dx, counts, fold, chunk, kdim, bs, q, q16, absmax, amq, amcode,
@@ -180,17 +181,29 @@ def gemv_bwd(fmt, dq, rows=SMALL_M):
                         parts[cuda.blockIdx.y, m, k + t] = acc[m * BWD_SEG + t]
         if fold and last_to_arrive(counts, cuda.blockIdx.x, cuda.gridDim.y, cuda.threadIdx.x):
             if k < kdim:
-                _add_runs(parts, dx, k, mdim)
+                add_runs(parts, dx, k, mdim)
 
     return kernel
 
 
-@cuda.jit(device=True, cache=True)
-def _add_runs(parts, dx, k, mdim):
-    """dx[:, k : k + BWD_SEG] = the sum of its parts, in order (every row of dx)."""
-    for m in range(mdim):
-        for t in range(BWD_SEG):
-            s = parts[0, m, k + t]
-            for z in range(1, parts.shape[0]):
-                s += parts[z, m, k + t]
-            dx[m, k + t] = s
+@functools.cache
+def _run_adder(rows):
+    """Device function: dx[:, k : k + BWD_SEG] = the sum of its parts, in order, for up to
+    `rows` rows; the sums stay in registers while the parts go by (tile_adder's reason)."""
+    accs = rows * BWD_SEG
+
+    @cuda.jit(device=True, cache=True)
+    def add(parts, dx, k, mdim):
+        acc = cuda.local.array(accs, float32)
+        for z in range(parts.shape[0]):
+            for m in range(rows):
+                if m < mdim:
+                    for t in range(BWD_SEG):
+                        v = parts[z, m, k + t]
+                        acc[m * BWD_SEG + t] = v if z == 0 else acc[m * BWD_SEG + t] + v
+        for m in range(rows):
+            if m < mdim:
+                for t in range(BWD_SEG):
+                    dx[m, k + t] = acc[m * BWD_SEG + t]
+
+    return add

@@ -225,9 +225,10 @@ _COUNTERS = {}
 
 
 def counters(xp, n):
-    """At least n int32 counters on xp's device, zero between launches (parts.py): made once
-    and kept, larger when a launch needs more (the old ones are freed in stream order)."""
-    key = _where(xp)
+    """At least n int32 counters on xp's device and cupy's current stream, zero between
+    launches (parts.py): made once and kept, larger when a launch needs more (the old ones are
+    freed in stream order). Launches on two streams at once would count on each other's."""
+    key = (_where(xp), cupy.cuda.get_current_stream().ptr if xp is cupy else None)
     have = _COUNTERS.get(key)
     if have is None or have.size < n:
         have = _COUNTERS[key] = xp.zeros(max(n, 1024, 0 if have is None else 2 * have.size),

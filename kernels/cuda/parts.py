@@ -9,11 +9,11 @@ atomic: the count does not depend on the order), and the block that counts last 
 tile's parts in the order z = 0, 1, ... and writes the output: the same bits on every run, in
 one launch. It then sets the counter back to zero for the next launch.
 
-The counters are one int32 array per device (launch.counters), shared by the launches on its
-stream; packlora launches on one stream a device (cupy's current one), in order."""
+The counters are one int32 array per device and stream (launch.counters), shared by the
+launches on that stream, which run one after another."""
 import functools
 
-from numba import cuda, int32
+from numba import cuda, float32, int32
 
 
 @cuda.jit(device=True, cache=True)
@@ -38,17 +38,27 @@ def last_to_arrive(counts, slot, nparts, tid):
 @functools.cache
 def tile_adder(TM, TC, NT):
     """Device function: c[m0 : m0 + TM, c0 : c0 + TC] = the sum of its parts, in order,
-    inside c's edges; NT threads, neighbouring threads on neighbouring columns."""
+    inside c's edges; NT threads, neighbouring threads on neighbouring columns. A thread's
+    sums stay in registers while the parts go by, so its reads of one part are all in flight
+    at once (a sum to the end, element after element, would wait on each read in turn)."""
+    per = -(-(TM * TC) // NT)  # elements a thread adds up
 
     @cuda.jit(device=True, cache=True)
     def add(parts, c, m0, c0, mdim, cdim, tid):
-        for e in range(tid, TM * TC, NT):
+        acc = cuda.local.array(per, float32)
+        for z in range(parts.shape[0]):
+            for i in range(per):
+                e = tid + i * NT
+                m = m0 + e // TC
+                col = c0 + e % TC
+                if e < TM * TC and m < mdim and col < cdim:
+                    v = parts[z, m, col]
+                    acc[i] = v if z == 0 else acc[i] + v
+        for i in range(per):
+            e = tid + i * NT
             m = m0 + e // TC
             col = c0 + e % TC
-            if m < mdim and col < cdim:
-                s = parts[0, m, col]
-                for z in range(1, parts.shape[0]):
-                    s += parts[z, m, col]
-                c[m, col] = s
+            if e < TM * TC and m < mdim and col < cdim:
+                c[m, col] = acc[i]
 
     return add
