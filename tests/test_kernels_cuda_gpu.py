@@ -111,6 +111,33 @@ def test_gpu_products_give_the_same_bits_every_time(monkeypatch, m, in_kernel):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt,k", [("nf4", 4096), ("q4_k", 1024), ("q8_0", 2048)])
+@pytest.mark.parametrize("m", [1, 4, 13])
+def test_gpu_parts_added_in_the_kernel_match_a_sum_after_it(monkeypatch, fmt, k, m):
+    """The last block of each output tile adds the parts (parts.py) to what cupy's sum of the
+    same parts gives, up to the order of its additions, and to the dense product; K = 1,024
+    gives the GEMV backward its most parts (one column block)."""
+    cp = _cupy()
+    rng = np.random.default_rng(7)
+    dev = Device.cuda(0)
+    w = (random_packed(fmt, 1536, k, rng) if fmt == "q4_k" else
+         quantize(rng.standard_normal((1536, k)).astype(np.float32), fmt)).to_device(dev)
+    dense = cp.asarray(w.dequantize())                                  # (N, K)
+    x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))      # (M, K)
+    dy = cp.asarray(rng.standard_normal((m, 1536)).astype(np.float32))  # (M, N)
+    assert ops.parts_elems(m, 1536, k, w.block_size, True) > 0          # the backward splits
+    for product, a, ref in ((kernels.linear_fwd, x, x @ dense.T),
+                            (kernels.linear_bwd, dy, dy @ dense)):
+        monkeypatch.setattr(ops, "SUM_PARTS_IN_KERNEL", True)
+        inside = product(a, w, dev)
+        monkeypatch.setattr(ops, "SUM_PARTS_IN_KERNEL", False)
+        after = product(a, w, dev)
+        scale = float(cp.abs(ref).max())
+        assert float(cp.abs(inside - after).max()) <= 3e-5 * scale, (product.__name__, m)
+        assert float(cp.abs(inside - ref).max()) <= 1e-4 * scale, (product.__name__, m)
+
+
+@pytest.mark.gpu
 def test_gpu_gradients_through_repeated_indices_give_numpys_bits():
     """An embedding's gradient and advanced indexing's scatter their rows by a kernel that adds
     repeats in order (kernels/cuda/scatter.py), not by cupy's atomics: numpy's add.at's bits,
