@@ -188,23 +188,15 @@ def add_product(dst, a, b, device):
         dst[m0:m1] += part
 
 
-def scatter_add_rows(xp, out, idx, g):
-    """out (R, D) += g (N, D) at rows idx (N,) of out, repeats added in the order they come:
-    numpy's add.at on the CPU; on a GPU a kernel that adds the same way, the same bits on every
-    run (cupy's add.at adds by atomics, in no fixed order)."""
-    if xp is np:
-        np.add.at(out, idx, g)
-        return out
-    return cuda_scatter.scatter_add_rows(xp, out, idx, g)
-
-
-def scatter_add_at(xp, out, index, g):
-    """out[index] += g for an index that may repeat entries (advanced indexing), repeats added
-    in the order they come, as scatter_add_rows; out C-contiguous."""
+def scatter_add(xp, out, index, g):
+    """out[index] += g for an index that may repeat entries (advanced indexing, an embedding's
+    ids), repeats added in the order they come: numpy's add.at on the CPU; on a GPU a kernel
+    that adds the same way, the same bits on every run (cupy's add.at adds by atomics, in no
+    fixed order). out C-contiguous."""
     if xp is np:
         np.add.at(out, index, g)
         return out
-    return cuda_scatter.scatter_add_at(xp, out, index, g)
+    return cuda_scatter.scatter_add(xp, out, index, g)
 
 
 def adamw8_update(w, g, m, v, hyper):
@@ -232,7 +224,7 @@ __all__ = ["adamw8_update", "linear_fwd", "linear_bwd", "dequantize_rows", "gath
            "int8_activations", "int8_allowed", "add_product", "rmsnorm_fwd", "rmsnorm_bwd",
            "swiglu_fwd", "swiglu_bwd", "rope_rotate", "softmax_", "probs_t_", "dscores_t_",
            "query_positions", "one_query_attention", "ce_forward", "ce_backward_",
-           "scatter_add_rows", "scatter_add_at",
+           "scatter_add",
            "DEFAULT_SCRATCH_CAP", "CPU_GEMM_ACCUMULATES", "FUSED_MAX_M", "FUSED_MAX_M_BWD",
            "CUDA_FUSED_MAX_M",
            "column_align", "tile_plan", "cuda_scratch_need"]

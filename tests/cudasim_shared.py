@@ -16,6 +16,7 @@ import sys
 import threading
 
 import numpy as np
+from numba import cuda
 from numba.core import types
 from numba.cuda.simulator import kernel as sim_kernel
 from numba.cuda.simulator import kernelapi
@@ -57,7 +58,6 @@ _SWAPPED = {}  # id(globals) -> (globals, the entries swapped out), during a lau
 
 
 def _swap(globs, fake_cuda_module):
-    from numba import cuda
     orig = {k: v for k, v in globs.items() if v is cuda}
     globs.update(dict.fromkeys(orig, fake_cuda_module))
     _SWAPPED[id(globs)] = (globs, orig)

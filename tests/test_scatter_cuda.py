@@ -1,6 +1,7 @@
 """The GPU's scatter-add (kernels/cuda/scatter.py) in Numba's CUDA simulator (a subprocess),
 against numpy's add.at bit for bit: rows repeated and out of order, negative rows, one-column
-and ragged widths, advanced indices of a 3-D array, and out-of-range rows refused."""
+and ragged widths, an embedding's 2-D ids, advanced and boolean indices, and out-of-range rows
+refused."""
 import json
 
 import numpy as np
@@ -28,7 +29,7 @@ def _sim_rows(scatter, rng):
         base = rng.standard_normal((size, width)).astype(np.float32)  # not zero: adds onto it
         want, got = base.copy(), base.copy()
         np.add.at(want, idx, g)
-        scatter.scatter_add_rows(np, got, idx, g)
+        scatter.scatter_add(np, got, idx, g)
         out[name] = bool(np.array_equal(got.view(np.uint32), want.view(np.uint32)))
     return out
 
@@ -39,19 +40,26 @@ def _sim_at(scatter, rng):
     g = rng.standard_normal(a[index].shape).astype(np.float32)           # (2, 2, 5)
     want, got = a.copy(), a.copy()
     np.add.at(want, index, g)
-    scatter.scatter_add_at(np, got, index, g)
+    scatter.scatter_add(np, got, index, g)
     mask = rng.random(30) < 0.5                                          # a boolean index
     v, w = np.zeros(30, np.float32), np.zeros(30, np.float32)
     gm = rng.standard_normal(int(mask.sum())).astype(np.float32)
     np.add.at(v, mask, gm)
-    scatter.scatter_add_at(np, w, mask, gm)
-    return {"advanced": bool(np.array_equal(got, want)), "mask": bool(np.array_equal(v, w))}
+    scatter.scatter_add(np, w, mask, gm)
+    e = np.zeros((6, 4), np.float32)                                     # an embedding's (V, D)
+    ids = np.array([[5, 0, 5], [2, 5, 0]])                               # (B, T)
+    ge = rng.standard_normal((2, 3, 4)).astype(np.float32)               # (B, T, D)
+    want_e, got_e = e.copy(), e.copy()
+    np.add.at(want_e, ids, ge)
+    scatter.scatter_add(np, got_e, ids, ge)
+    return {"advanced": bool(np.array_equal(got, want)), "mask": bool(np.array_equal(v, w)),
+            "ids_2d": bool(np.array_equal(got_e.view(np.uint32), want_e.view(np.uint32)))}
 
 
 def _sim_refused(scatter):
     try:
-        scatter.scatter_add_rows(np, np.zeros((3, 2), np.float32), np.array([0, 3]),
-                                 np.ones((2, 2), np.float32))
+        scatter.scatter_add(np, np.zeros((3, 2), np.float32), np.array([0, 3]),
+                            np.ones((2, 2), np.float32))
     except IndexError as exc:
         return str(exc)
     return "no error"
@@ -77,7 +85,7 @@ def test_simulator_scatter_rows_add_as_numpy_does(sim, case):
 
 
 def test_simulator_scatter_at_advanced_and_boolean_indices(sim):
-    assert sim["at"] == {"advanced": True, "mask": True}
+    assert sim["at"] == {"advanced": True, "mask": True, "ids_2d": True}
 
 
 def test_simulator_scatter_refuses_rows_past_the_output(sim):

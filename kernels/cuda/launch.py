@@ -197,6 +197,11 @@ def _where(xp):
     return (xp.__name__, cupy.cuda.runtime.getDevice() if xp is cupy else None)
 
 
+def _stream_key(xp):
+    """The backend, device and (on a GPU) cupy's current stream: what launch state is kept per."""
+    return (_where(xp), cupy.cuda.get_current_stream().ptr if xp is cupy else None)
+
+
 _STREAMS = {}
 
 
@@ -204,7 +209,7 @@ def _stream():
     """Numba's and cuda.core's handles on cupy's current stream: launching there orders the
     kernel after the work that made its inputs, so the interface import needs no extra
     synchronisation."""
-    key = (_where(cupy), cupy.cuda.get_current_stream().ptr)
+    key = _stream_key(cupy)
     if key not in _STREAMS:
         numba_stream = cuda.external_stream(key[1])
         _STREAMS[key] = (numba_stream, prepared.core_stream(numba_stream))
@@ -228,7 +233,7 @@ def counters(xp, n):
     """At least n int32 counters on xp's device and cupy's current stream, zero between
     launches (parts.py): made once and kept, larger when a launch needs more (the old ones are
     freed in stream order). Launches on two streams at once would count on each other's."""
-    key = (_where(xp), cupy.cuda.get_current_stream().ptr if xp is cupy else None)
+    key = _stream_key(xp)
     have = _COUNTERS.get(key)
     if have is None or have.size < n:
         have = _COUNTERS[key] = xp.zeros(max(n, 1024, 0 if have is None else 2 * have.size),

@@ -118,13 +118,9 @@ def _launch(a, c, w, bwd, tile, scratch=None, cap_elems=0):
         return
     tile = tile or _default_tile(m)
     grid, span = _tile_grid(m, cdim, a.shape[1], tile, most)
-    parts = _parts(c, grid[2], scratch)
-    fold, counts = _folding(parts, c, grid[0] * grid[1])
     grp = int(grouped(tile.seg, int(w.block_size), int(w.shape[1])))
-    launch(gemm_kernel(tile), grid, tile.block, [a, parts, c, counts, fold, bwd, span, grp], w,
-           result=2 if fold else 1)
-    if not fold:
-        _add_parts(parts, c)
+    _split_launch(gemm_kernel(tile), grid, tile.block, w, a, c, scratch, grid[2],
+                  grid[0] * grid[1], [bwd, span, grp])
 
 
 def _launch_gemv(a, c, w, bwd, scratch, most):
@@ -136,12 +132,8 @@ def _launch_gemv(a, c, w, bwd, scratch, most):
         launch(build, (_cdiv(c.shape[1], per_block),), threads, [a, c], w)
         return
     grid, rows = _gemv_bwd_grid(a.shape[1], c.shape[1], threads, most)
-    parts = _parts(c, grid[1], scratch)
-    fold, counts = _folding(parts, c, grid[0])
-    build = functools.partial(gemv.gemv_bwd, rows=bound)
-    launch(build, grid, threads, [a, parts, c, counts, fold, rows], w, result=2 if fold else 1)
-    if not fold:
-        _add_parts(parts, c)
+    _split_launch(functools.partial(gemv.gemv_bwd, rows=bound), grid, threads, w, a, c, scratch,
+                  grid[1], grid[0], [rows])
 
 
 def _gemv_takes(m, block_size, k, bwd):
@@ -185,11 +177,16 @@ def _parts(c, n, scratch):
     return array_module(c).empty((n, *c.shape), np.float32)
 
 
-def _folding(parts, c, tiles):
-    """(fold, counters) of a launch with these parts and `tiles` output tiles: fold 1 where
-    the kernel adds its parts (more than one, SUM_PARTS_IN_KERNEL)."""
-    fold = int(parts.shape[0] > 1 and SUM_PARTS_IN_KERNEL)
-    return fold, counters(array_module(c), tiles if fold else 1)
+def _split_launch(build, grid, block, w, a, c, scratch, nparts, tiles, tail):
+    """Launch build's kernel on (a, parts, c, counters, fold, *tail) for c = a @ W with the
+    reduction split into nparts parts over `tiles` output tiles: the last block of each tile
+    adds its parts (fold, parts.py), or a sum after the launch does."""
+    parts = _parts(c, nparts, scratch)
+    fold = int(nparts > 1 and SUM_PARTS_IN_KERNEL)
+    counts = counters(array_module(c), tiles if fold else 1)
+    launch(build, grid, block, [a, parts, c, counts, fold, *tail], w, result=2 if fold else 1)
+    if not fold:
+        _add_parts(parts, c)
 
 
 def _add_parts(parts, c):

@@ -9,6 +9,8 @@ the CPU.
 
 One thread per (distinct index, column): neighbouring threads take neighbouring columns of one
 row (reads and writes coalesced for wide rows) or, for one-column rows, neighbouring rows."""
+import math
+
 from numba import cuda
 
 from .launch import launch_plain
@@ -32,14 +34,32 @@ def _run_sums(out, g, order, starts, rows, width):
     out[r, c] = acc
 
 
-def scatter_add_rows(xp, out, idx, g):
+def scatter_add(xp, out, index, g):
+    """out[index] += g for any index numpy takes, entries repeated or not (advanced indexing),
+    as numpy's add.at adds them; out C-contiguous. xp: cupy, or numpy in the simulator. An
+    integer array picks whole rows of out (an embedding's ids): one thread a row's value;
+    any other index is turned into positions in out, one thread each."""
+    if getattr(index, "dtype", None) is not None and index.dtype.kind in "iu":
+        idx = xp.asarray(index).reshape(-1)                             # (N,) rows of out
+        width = math.prod(out.shape[1:])
+        rows = out.reshape(out.shape[0], width)                         # (R, D) view
+        g = xp.broadcast_to(g, (*index.shape, *out.shape[1:])).reshape(idx.size, width)
+    else:
+        idx = xp.arange(out.size).reshape(out.shape)[index]             # where in out g goes
+        g = xp.broadcast_to(g, idx.shape).reshape(-1, 1)
+        idx, rows = idx.reshape(-1), out.reshape(-1, 1)
+    _add_rows(xp, rows, idx, g)
+    return out
+
+
+def _add_rows(xp, out, idx, g):
     """out (R, D) += the rows of g (N, D) at rows idx (N,) of out (negative ones from the end),
-    repeats summed in the order they come. xp: cupy, or numpy in the simulator."""
+    repeats summed in the order they come."""
     n, (size, width) = int(idx.shape[0]), out.shape
     if n == 0 or width == 0:
-        return out
+        return
     if bool(((idx < -size) | (idx >= size)).any()):  # one sync; the kernel would write past out
-        raise IndexError(f"scatter_add_rows: indices out of range [-{size}, {size})")
+        raise IndexError(f"scatter_add: indices out of range [-{size}, {size})")
     idx = xp.where(idx < 0, idx + size, idx)                            # (N,) as numpy reads it
     g = g.astype(out.dtype, copy=False)
     order = xp.argsort(idx, kind="stable")                              # (N,)
@@ -52,13 +72,3 @@ def scatter_add_rows(xp, out, idx, g):
     rows = sidx[heads]                                                  # (S,)
     blocks = -(-int(rows.shape[0]) * width // THREADS)
     launch_plain(_run_sums, blocks, THREADS, [out, g, order, starts, rows, width], result=0)
-    return out
-
-
-def scatter_add_at(xp, out, index, g):
-    """out[index] += g for any index numpy takes, entries repeated or not (advanced indexing),
-    as scatter_add_rows adds them; out C-contiguous."""
-    flat = xp.arange(out.size).reshape(out.shape)[index]               # where in out g goes
-    g = xp.broadcast_to(g, flat.shape)
-    scatter_add_rows(xp, out.reshape(-1, 1), flat.reshape(-1), g.reshape(-1, 1))
-    return out

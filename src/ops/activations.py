@@ -79,5 +79,5 @@ class Embedding(Function):
     def backward(self, g):
         xp = self.xp
         out = xp.zeros(self.wshape, dtype=g.dtype)
-        kernels.scatter_add_rows(xp, out, self.ids.reshape(-1), g.reshape(-1, self.wshape[1]))
+        kernels.scatter_add(xp, out, self.ids, g)  # ids (...), g (..., D)
         return (out, None)

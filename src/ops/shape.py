@@ -33,7 +33,7 @@ class GetItem(Function):
         if _is_basic(self.index):
             out[self.index] = g
         else:
-            kernels.scatter_add_at(xp, out, self.index, g)  # advanced indices may repeat
+            kernels.scatter_add(xp, out, self.index, g)  # advanced indices may repeat
         return (out, None)
 
 
