@@ -21,7 +21,7 @@ import functools
 from numba import cuda, float32
 
 from .decode import decode_group, grouped
-from .parts import last_to_arrive
+from .parts import last_to_arrive, tile_adder
 
 MAX_M = 16        # rows of x (or dy) a launch takes at most: the per-thread accumulators
 SMALL_M = 4       # ... and the bound of the kernels built for the fewest rows (fewer registers)
@@ -181,7 +181,7 @@ def gemv_bwd(fmt, dq, rows=SMALL_M):
                         parts[cuda.blockIdx.y, m, k + t] = acc[m * BWD_SEG + t]
         if fold and last_to_arrive(counts, cuda.blockIdx.x, cuda.gridDim.y, cuda.threadIdx.x):
             if k < kdim:
-                add_runs(parts, dx, k, mdim)
+                add_runs(parts, dx, k, mdim, kdim)
 
     return kernel
 
@@ -189,21 +189,14 @@ def gemv_bwd(fmt, dq, rows=SMALL_M):
 @functools.cache
 def _run_adder(rows):
     """Device function: dx[:, k : k + BWD_SEG] = the sum of its parts, in order, for up to
-    `rows` rows; the sums stay in registers while the parts go by (tile_adder's reason)."""
-    accs = rows * BWD_SEG
+    `rows` rows, a row at a time: each a tile of one thread (parts.tile_adder), whose reads of
+    several parts are in flight together."""
+    add_run = tile_adder(1, BWD_SEG, 1)
 
     @cuda.jit(device=True, cache=True)
-    def add(parts, dx, k, mdim):
-        acc = cuda.local.array(accs, float32)
-        for z in range(parts.shape[0]):
-            for m in range(rows):
-                if m < mdim:
-                    for t in range(BWD_SEG):
-                        v = parts[z, m, k + t]
-                        acc[m * BWD_SEG + t] = v if z == 0 else acc[m * BWD_SEG + t] + v
+    def add(parts, dx, k, mdim, kdim):
         for m in range(rows):
             if m < mdim:
-                for t in range(BWD_SEG):
-                    dx[m, k + t] = acc[m * BWD_SEG + t]
+                add_run(parts, dx, m, k, mdim, kdim, 0)
 
     return add

@@ -35,30 +35,55 @@ def last_to_arrive(counts, slot, nparts, tid):
     return last
 
 
+# The block that adds a tile's parts reads every one of them alone, each read an L2 round trip.
+# So a thread reads a batch before it adds the first (in order all the same): IN_FLIGHT values
+# at once (about as many registers), GROUP elements of its own and IN_FLIGHT / GROUP parts of
+# each (a thread with 4 elements and 8 parts waits twice where it waited 8 times, the GEMV's
+# thread at M = 1 with 128 parts 32 times where it waited 128).
+IN_FLIGHT = 16
+GROUP = 4
+
+
 @functools.cache
 def tile_adder(TM, TC, NT):
-    """Device function: c[m0 : m0 + TM, c0 : c0 + TC] = the sum of its parts, in order,
-    inside c's edges; NT threads, neighbouring threads on neighbouring columns. A thread's
-    sums stay in registers while the parts go by, so its reads of one part are all in flight
-    at once (a sum to the end, element after element, would wait on each read in turn)."""
+    """Device function: c[m0 : m0 + TM, c0 : c0 + TC] = the sum of its parts, in the order
+    z = 0, 1, ..., inside c's edges; NT threads, neighbouring threads on neighbouring columns.
+    A thread's elements go GROUP at a time, their sums in registers, and each batch of reads
+    (IN_FLIGHT values, `batch` parts of each) is in flight together."""
     per = -(-(TM * TC) // NT)  # elements a thread adds up
+    group = min(per, GROUP)
+    batch = IN_FLIGHT // group
+    shape = (batch, group)  # local array shapes: compile-time constants
+
+    @cuda.jit(device=True, cache=True)
+    def spot(i, m0, c0, mdim, cdim, tid):
+        """(row, column) of a thread's element i; column -1 past c's or the tile's edges."""
+        e = tid + i * NT
+        m = m0 + e // TC
+        col = c0 + e % TC
+        return m, (col if e < TM * TC and m < mdim and col < cdim else -1)
 
     @cuda.jit(device=True, cache=True)
     def add(parts, c, m0, c0, mdim, cdim, tid):
-        acc = cuda.local.array(per, float32)
-        for z in range(parts.shape[0]):
-            for i in range(per):
-                e = tid + i * NT
-                m = m0 + e // TC
-                col = c0 + e % TC
-                if e < TM * TC and m < mdim and col < cdim:
-                    v = parts[z, m, col]
-                    acc[i] = v if z == 0 else acc[i] + v
-        for i in range(per):
-            e = tid + i * NT
-            m = m0 + e // TC
-            col = c0 + e % TC
-            if e < TM * TC and m < mdim and col < cdim:
-                c[m, col] = acc[i]
+        acc = cuda.local.array(group, float32)
+        got = cuda.local.array(shape, float32)
+        nparts = parts.shape[0]
+        for g in range(0, per, group):
+            for z0 in range(0, nparts, batch):
+                for u in range(batch):
+                    for j in range(group):
+                        m, col = spot(g + j, m0, c0, mdim, cdim, tid)
+                        v = float32(0.0)  # past the edges: summed, never written
+                        if z0 + u < nparts and col >= 0:
+                            v = parts[z0 + u, m, col]
+                        got[u, j] = v
+                for u in range(batch):
+                    if z0 + u < nparts:
+                        for j in range(group):
+                            acc[j] = got[u, j] if z0 + u == 0 else acc[j] + got[u, j]
+            for j in range(group):
+                m, col = spot(g + j, m0, c0, mdim, cdim, tid)
+                if col >= 0:
+                    c[m, col] = acc[j]
 
     return add
