@@ -8,6 +8,8 @@ Three ways to the same product, taking turns call by call (CUDA-event times, med
                 cuBLAS (what bitsandbytes does per matmul, the dense copy included);
   dense         cuBLAS on a dense W that already exists (the floor: no decode at all);
   gemv, tile    at M <= 16, each of the two small-M kernels, whichever `packed` picks;
+  gemv_rows2    at M <= GEMV_MAX_M, backward only: the GEMV with two rows of W decoded at a
+                time (gemv.BWD_ROWS), their reads in flight together;
   tile_*        at 4 < M <= 16, the tile kernel with each of ops.SMALL_M_CANDIDATES instead of
                 ops.SMALL_M_TILE (which the next SMALL_M_TILE should be);
   ordinary      at M <= 16, `packed` with every launch through Numba's ordinary path (typing
@@ -33,6 +35,7 @@ import numpy as np
 from kernels import random_packed  # bench/kernels.py: random codes for every format
 from packlora import Device
 from packlora.kernels import dequantize_rows, linear_bwd, linear_fwd
+from packlora.kernels.cuda import gemv as cuda_gemv
 from packlora.kernels.cuda import launch as cuda_launch
 from packlora.kernels.cuda import ops as cuda_ops
 
@@ -124,8 +127,8 @@ def _tf32_pass(cp, dev, fwd, bwd, refs, reps):
 
 def _max_err(cp, fwd, bwd, refs, sides):
     """Largest relative error of `sides` against the dense float32 products refs (fwd, bwd)."""
-    return max([_rel(cp, fwd[s](), refs[0]) for s in sides]
-               + [_rel(cp, bwd[s](), refs[1]) for s in sides])
+    return max([_rel(cp, fwd[s](), refs[0]) for s in sides if s in fwd]
+               + [_rel(cp, bwd[s](), refs[1]) for s in sides if s in bwd])
 
 
 def _ratios(name, t):
@@ -133,7 +136,8 @@ def _ratios(name, t):
     row = {f"{name}_{side}_ms": round(t[side][0] * 1e3, 4) for side in t}
     row.update({f"{name}_{side}_host_ms": round(t[side][2] * 1e3, 4) for side in t})
     row[f"{name}_vs_deq_cublas"] = round(t["packed"][0] / t["deq_cublas"][0], 3)
-    for side in ("gemv", "tile", "ordinary", "sum_after", *cuda_ops.SMALL_M_CANDIDATES):
+    for side in ("gemv", "gemv_rows2", "tile", "ordinary", "sum_after",
+                 *cuda_ops.SMALL_M_CANDIDATES):
         if side in t:
             row[f"{name}_{side}_vs_deq_cublas"] = round(t[side][0] / t["deq_cublas"][0], 3)
     if "packed_tf32" in t:
@@ -165,8 +169,10 @@ def bench(cp, dev, fmt, n, k, ms, reps, rng):
         if m <= cuda_ops.FUSED_MAX_M:
             _small_m_sides(fwd, m)
             _small_m_sides(bwd, m)
+        if m <= cuda_ops.GEMV_MAX_M:
+            bwd["gemv_rows2"] = _with(cuda_gemv, "BWD_ROWS", 2, bwd["gemv"])
         row = {"M": m, "max_rel_err": _max_err(cp, fwd, bwd, refs,
-                                                [s for s in fwd if s not in _REFS])}
+                                                [s for s in bwd if s not in _REFS])}
         t_fwd, t_bwd = _turns(cp, fwd, reps), _turns(cp, bwd, reps)
         if m > cuda_ops.FUSED_MAX_M and tf32:
             row["max_rel_err_tf32"], tf_fwd, tf_bwd = _tf32_pass(cp, dev, fwd, bwd, refs, reps)

@@ -204,6 +204,28 @@ def _sim_fold_bits(ops, quantize, rng):
     return out
 
 
+def _sim_wrows_bits(ops, quantize, rng):
+    """The GEMV backward decoding two rows of W at a time (gemv.BWD_ROWS = 2) against one: the
+    same bits (the same multiply-adds in the same order), with chunks of W's rows (a scratch
+    cap of `nparts` parts) odd, so that a last row goes alone, and even."""
+    cases = [("q4_k", False, (1, 37, 256), 3), ("nf4", True, (3, 29, 128), 2),
+             ("q8_0", False, (2, 40, 64), 5)]
+    out = {}
+    try:
+        for fmt, dq, (m, n, k), nparts in cases:
+            w = random_packed(fmt, n, k, rng) if fmt in KQUANTS else quantize(
+                rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=dq)
+            dy = rng.standard_normal((m, n)).astype(np.float32)          # (M, N)
+            got = []
+            for ops.gemv.BWD_ROWS in (1, 2):
+                got.append(ops.linear_bwd(dy, w, cap_elems=nparts * m * k))
+            out[f"{fmt}-{m}x{n}x{k}"] = {"same": bool(np.array_equal(*got)),
+                                         "err": _rel_err(got[1], dy @ w.dequantize())}
+    finally:
+        ops.gemv.BWD_ROWS = 1
+    return out
+
+
 def _simulator_main():
     # Threads switch every 0.1 ms, so that a missing barrier in a kernel shows. The simulator's
     # own races, on shared arrays and on device functions' module swap (cudasim_shared.py), are
@@ -224,6 +246,7 @@ def _simulator_main():
     out["gather"] = _sim_gather(quantize, rng)
     out["weight_args"] = _sim_weight_args(ops, quantize, rng)
     out["fold_bits"] = _sim_fold_bits(ops, quantize, rng)
+    out["wrows_bits"] = _sim_wrows_bits(ops, quantize, rng)
     # the GEMV at every row bound (GEMV_MAX_M raised to gemv.MAX_M), M up to 16; N not a
     # multiple of a warp's rows of W, K not of a block's chunk of x
     every_bound = {"GEMV_MAX_M": ops.gemv.MAX_M}
@@ -282,6 +305,12 @@ def test_simulator_parts_added_in_the_kernel_give_the_same_bits(sim):
     res = dict(sim["fold_bits"])
     assert res.pop("folded") >= len(res), "the kernels did not add their parts"
     assert all(res.values()), res
+
+
+def test_simulator_gemv_backward_two_rows_of_w_at_a_time_give_the_same_bits(sim):
+    assert len(sim["wrows_bits"]) == 3
+    for case, res in sim["wrows_bits"].items():
+        assert res["same"] and res["err"] < 2e-5, (case, res)
 
 
 def test_simulator_weight_args_follow_buffers(sim):

@@ -138,6 +138,26 @@ def test_gpu_parts_added_in_the_kernel_match_a_sum_after_it(monkeypatch, fmt, k,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nf4", "q4_k", "q8_0"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_gpu_gemv_backward_two_rows_of_w_at_a_time_give_the_same_bits(monkeypatch, fmt, m):
+    """gemv.BWD_ROWS = 2 (timed by bench/kernels_cuda.py as gemv_rows2) makes the same
+    multiply-adds in the same order as one row at a time: the same bits on the GPU."""
+    cp = _cupy()
+    rng = np.random.default_rng(8)
+    dev = Device.cuda(0)
+    n, k = 1537, 2048  # chunks of W's rows odd and even
+    w = (random_packed(fmt, n, k, rng) if fmt == "q4_k" else
+         quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)).to_device(dev)
+    dy = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))     # (M, N)
+    got = []
+    for rows in (1, 2):
+        monkeypatch.setattr(ops.gemv, "BWD_ROWS", rows)
+        got.append(kernels.linear_bwd(dy, w, dev))
+    assert bool(cp.array_equal(*got)), (fmt, m)
+
+
+@pytest.mark.gpu
 def test_gpu_gradients_through_repeated_indices_give_numpys_bits():
     """An embedding's gradient and advanced indexing's scatter their rows by a kernel that adds
     repeats in order (kernels/cuda/scatter.py), not by cupy's atomics: numpy's add.at's bits,

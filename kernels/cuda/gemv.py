@@ -29,7 +29,12 @@ MAX_WARPS = 8     # warps per block at most (THREADS on a GPU)
 THREADS = 32 * MAX_WARPS
 FWD_SEG = 8       # consecutive values of a row one lane decodes at a time (forward, M <= 4)
 BWD_SEG = 4
-_BWD_RUN = (1, BWD_SEG)  # local array shape: a compile-time constant
+# Rows of W a backward thread decodes before it multiplies them (`wrows`): their reads are in
+# flight together. One row at a time waits on each row's reads in turn; two keep NF4, FP4,
+# INT8, Q4_0, Q8_0, Q2_K, F16 and BF16 within 64 registers on sm_90 (the 512 blocks a launch
+# aims for resident at once on 132 multiprocessors), the other formats not. The GPU check
+# times both (bench/kernels_cuda.py, gemv_rows2).
+BWD_ROWS = 1
 # The forward for more than SMALL_M rows of x: a warp takes WIDE_W_ROWS rows of W, so that a
 # value of x read serves four multiply-adds (one, with a row of W each, left the reads setting
 # the pace); its runs are WIDE_SEG long, which keeps the loop fully unrolled (at 8 the
@@ -147,10 +152,13 @@ def _warp_sums(rows, nw):
 
 
 @functools.cache
-def gemv_bwd(fmt, dq, rows=SMALL_M):
-    """The backward kernel for format id fmt (dq: double-quantized absmax), up to `rows` rows."""
+def gemv_bwd(fmt, dq, rows=SMALL_M, wrows=BWD_ROWS):
+    """The backward kernel for format id fmt (dq: double-quantized absmax), up to `rows` rows
+    of dy, `wrows` rows of W decoded at a time."""
     accs = rows * BWD_SEG
+    run = (wrows, BWD_SEG)  # local array shape: a compile-time constant
     add_runs = _run_adder(rows)
+    mac = _row_mac(rows)
 
     @cuda.jit(cache=True)
     def kernel(dy, parts, dx, counts, fold, chunk, kdim, bs, q, q16, absmax, amq, amcode,
@@ -163,18 +171,22 @@ def gemv_bwd(fmt, dq, rows=SMALL_M):
         mdim = dy.shape[0]
         if k < kdim:  # every thread goes on to count in (last_to_arrive meets the block)
             n0 = cuda.blockIdx.y * chunk
-            w = cuda.local.array(_BWD_RUN, float32)
+            w = cuda.local.array(run, float32)
             acc = cuda.local.array(accs, float32)
             for i in range(accs):
                 acc[i] = float32(0.0)
-            for n in range(n0, min(dy.shape[1], n0 + chunk)):
+            nend = min(dy.shape[1], n0 + chunk)
+            whole = n0 + (nend - n0) // wrows * wrows
+            for nb in range(n0, whole, wrows):  # wrows rows decoded, then multiplied
+                for r in range(wrows):
+                    decode_group(w, r, 0, 0, 1, BWD_SEG, nb + r, k, kdim, fmt, bs, dq, q, q16,
+                                 absmax, amq, amcode, amscale, amoff, cb)
+                for r in range(wrows):
+                    mac(acc, w, r, dy, nb + r, mdim)
+            for n in range(whole, nend):
                 decode_group(w, 0, 0, 0, 1, BWD_SEG, n, k, kdim, fmt, bs, dq, q, q16, absmax,
                              amq, amcode, amscale, amoff, cb)
-                for m in range(rows):
-                    if m < mdim:
-                        g = dy[m, n]
-                        for t in range(BWD_SEG):
-                            acc[m * BWD_SEG + t] += g * w[0, t]
+                mac(acc, w, 0, dy, n, mdim)
             for m in range(rows):
                 if m < mdim:
                     for t in range(BWD_SEG):
@@ -184,6 +196,22 @@ def gemv_bwd(fmt, dq, rows=SMALL_M):
                 add_runs(parts, dx, k, mdim, kdim)
 
     return kernel
+
+
+@functools.cache
+def _row_mac(rows):
+    """Device function: acc[m * BWD_SEG + t] += dy[m, n] * w[r, t] for the rows m of dy
+    (up to `rows`) and a run of BWD_SEG values of W's row n, decoded into w[r]."""
+
+    @cuda.jit(device=True, cache=True)
+    def mac(acc, w, r, dy, n, mdim):
+        for m in range(rows):
+            if m < mdim:
+                g = dy[m, n]
+                for t in range(BWD_SEG):
+                    acc[m * BWD_SEG + t] += g * w[r, t]
+
+    return mac
 
 
 @functools.cache

@@ -132,8 +132,8 @@ def _launch_gemv(a, c, w, bwd, scratch, most):
         launch(build, (_cdiv(c.shape[1], per_block),), threads, [a, c], w)
         return
     grid, rows = _gemv_bwd_grid(a.shape[1], c.shape[1], threads, most)
-    _split_launch(functools.partial(gemv.gemv_bwd, rows=bound), grid, threads, w, a, c, scratch,
-                  grid[1], grid[0], [rows])
+    build = functools.partial(gemv.gemv_bwd, rows=bound, wrows=gemv.BWD_ROWS)
+    _split_launch(build, grid, threads, w, a, c, scratch, grid[1], grid[0], [rows])
 
 
 def _gemv_takes(m, block_size, k, bwd):
