@@ -54,7 +54,7 @@ _TILE_ARGS = (_F32_2D, _F32_3D, _F32_2D, _COUNTS, _INT, _INT, _INT, _INT)  # a, 
 _GEMV_BWD_ARGS = (_F32_2D, _F32_3D, _F32_2D, _COUNTS, _INT, _INT)  # dy, parts, dx, counts,
 # fold, chunk
 # kernel name -> (build(fmt, dq), the arguments before the weight's); _16: the GEMV for
-# up to 16 rows; _rows2: the backward decoding two rows of W at a time; tile_4x4_*: the
+# up to 16 rows; _rows2: the backward decoding two rows of W at a time; the other tile_*: the
 # small-M tiles the GPU check times against SMALL_M_TILE
 KERNELS = {
     "gemv_fwd": (gemv.gemv_fwd, (_F32_2D, _F32_2D)),

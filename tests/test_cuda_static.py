@@ -66,6 +66,16 @@ def test_two_blocks_fit_a_multiprocessor(compiled):
             assert res["registers"] <= MAX_REGISTERS, (name, res)
 
 
+def test_a_tiles_blocks_bound_its_registers():
+    """A Tile's `blocks` reaches ptxas as launch bounds: the small-M tile held to three blocks
+    of 256 threads (ops.SMALL_M_CANDIDATES) fits in a third of a multiprocessor's registers,
+    where NF4 + DQ and Q4_K take 95 unbounded."""
+    out = json.loads(_run(BENCH, "--formats", "nf4+dq,q4_k", "--kernels", "tile_3_blocks"))
+    assert len(out["kernels"]) == 2
+    for name, res in out["kernels"].items():
+        assert res["registers"] <= 65536 // (256 * 3), (name, res)
+
+
 def test_a_scale_group_reads_its_scales_once(compiled):
     formats = {name.split("/")[1] for name in compiled if "/" in name}
     assert len(formats) >= 15, sorted(formats)  # every format, nf4 / fp4 also double-quantized

@@ -210,7 +210,7 @@ def _sim_wrows_bits(ops, quantize, rng):
     cap of `nparts` parts) odd, so that a last row goes alone, and even."""
     cases = [("q4_k", False, (1, 37, 256), 3), ("nf4", True, (3, 29, 128), 2),
              ("q8_0", False, (2, 40, 64), 5)]
-    out = {}
+    out, saved = {}, ops.gemv.BWD_ROWS
     try:
         for fmt, dq, (m, n, k), nparts in cases:
             w = random_packed(fmt, n, k, rng) if fmt in KQUANTS else quantize(
@@ -222,7 +222,7 @@ def _sim_wrows_bits(ops, quantize, rng):
             out[f"{fmt}-{m}x{n}x{k}"] = {"same": bool(np.array_equal(*got)),
                                          "err": _rel_err(got[1], dy @ w.dequantize())}
     finally:
-        ops.gemv.BWD_ROWS = 1
+        ops.gemv.BWD_ROWS = saved
     return out
 
 

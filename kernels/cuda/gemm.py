@@ -5,7 +5,7 @@ last block of each tile of C to finish (parts.py), or by the caller."""
 import functools
 from dataclasses import dataclass
 
-from numba import cuda, float32
+from numba import config, cuda, float32
 
 from .decode import decode_group, decode_run
 from .parts import last_to_arrive, tile_adder
@@ -17,6 +17,8 @@ class Tile:
 
     Each thread owns an (rm x rn) register micro-tile, so a block has
     (tc // rn) x (tm // rm) threads; W is decoded in runs of `seg` consecutive k per thread.
+    `blocks`: the blocks a multiprocessor is to hold at once, the kernel's launch bounds
+    (ptxas keeps its registers within 65,536 / (threads x blocks)); 0: no bound.
     """
 
     tm: int = 64
@@ -25,6 +27,7 @@ class Tile:
     rm: int = 4
     rn: int = 4
     seg: int = 4
+    blocks: int = 0
 
     def __post_init__(self):
         if self.tm % self.rm or self.tc % self.rn or self.tr % self.seg or self.tc % self.seg:
@@ -49,11 +52,20 @@ def gemm_kernel(tile):
     can pass rdim), and writes c[z]. fold: the last block of a tile of C to finish writes
     out = sum(c, 0) there, in order (counts: a counter a tile, zero before the launch and after
     it, parts.py); else the caller adds the parts."""
-    return functools.partial(_build, tile.tm, tile.tc, tile.tr, tile.rm, tile.rn, tile.seg)
+    return functools.partial(_build, tile.tm, tile.tc, tile.tr, tile.rm, tile.rn, tile.seg,
+                             tile.blocks)
+
+
+def _bounds(threads, blocks):
+    """cuda.jit's launch bounds for `blocks` blocks of `threads` on a multiprocessor at once;
+    none for blocks 0, or in the simulator (whose jit takes none)."""
+    if not blocks or config.ENABLE_CUDASIM:
+        return {}
+    return {"launch_bounds": (threads, blocks)}
 
 
 @functools.cache
-def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
+def _build(TM, TC, TR, RM, RN, SEG, BLOCKS, fmt, dq):
     """Kernel specialised to compile-time tile sizes and one format (closure constants)."""
     BX = TC // RN
     BY = TM // RM
@@ -66,7 +78,7 @@ def _build(TM, TC, TR, RM, RN, SEG, fmt, dq):
     store = _store(RM, RN, BX, BY)
     add_tile = tile_adder(TM, TC, NT)
 
-    @cuda.jit(cache=True)
+    @cuda.jit(cache=True, **_bounds(NT, BLOCKS))
     def packed_gemm(a, c, out, counts, fold, bwd, span, grp, kdim, bs, q, q16, absmax, amq,
                     amcode, amscale, amoff, cb):
         # a (M, R), c (Z, M, C) parts, out (M, C): see gemm_kernel

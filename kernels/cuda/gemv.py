@@ -35,6 +35,9 @@ BWD_SEG = 4
 # aims for resident at once on 132 multiprocessors), the other formats not. The GPU check
 # times both (bench/kernels_cuda.py, gemv_rows2).
 BWD_ROWS = 1
+# Values of the parts a backward thread adding them has in flight at most: 64 (one part of 16
+# rows) took the 16-row kernel past 128 registers on sm_90 (one block a multiprocessor)
+ADD_IN_FLIGHT = 32
 # The forward for more than SMALL_M rows of x: a warp takes WIDE_W_ROWS rows of W, so that a
 # value of x read serves four multiply-adds (one, with a row of W each, left the reads setting
 # the pace); its runs are WIDE_SEG long, which keeps the loop fully unrolled (at 8 the
@@ -217,9 +220,9 @@ def _row_mac(rows):
 @functools.cache
 def _run_adder(rows):
     """Device function: dx[:, k : k + BWD_SEG] = the sum of its parts, in order, for up to
-    `rows` rows, a row at a time: each a tile of one thread (parts.tile_adder), whose reads of
-    several parts are in flight together."""
-    add_run = tile_adder(1, BWD_SEG, 1)
+    `rows` rows, a row at a time: each a tile of one thread (parts.tile_adder), with as many
+    reads in flight together as one part of all rows has values, at most ADD_IN_FLIGHT."""
+    add_run = tile_adder(1, BWD_SEG, 1, min(rows * BWD_SEG, ADD_IN_FLIGHT))
 
     @cuda.jit(device=True, cache=True)
     def add(parts, dx, k, mdim, kdim):

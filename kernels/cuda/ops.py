@@ -17,9 +17,12 @@ SMALL_M_TILE = Tile(tm=16, tc=64, tr=32, rm=1, rn=4, seg=8)  # 256 threads, M <=
 LARGE_M_TILE = Tile(tm=64, tc=64, tr=16, rm=4, rn=4, seg=4)  # 256 threads
 # Tiles the GPU check times against SMALL_M_TILE at 4 < M <= 16 (bench/kernels_cuda.py): 4 x 4
 # register tiles, two shared-memory reads per four multiply-adds where SMALL_M_TILE's 1 x 4 has
-# five; 64 or 128 threads a block.
+# five, 64 or 128 threads a block; and SMALL_M_TILE held to three blocks a multiprocessor (80
+# registers on sm_90, where unbounded NF4 + DQ, Q4_0 and Q4_K take 88-95, two blocks; Q4_0,
+# Q4_1, Q5_0 and Q5_1 then spill 8-16 bytes).
 SMALL_M_CANDIDATES = {"tile_4x4_64": Tile(tm=16, tc=64, tr=32, rm=4, rn=4, seg=8),
-                      "tile_4x4_128": Tile(tm=16, tc=128, tr=32, rm=4, rn=4, seg=8)}
+                      "tile_4x4_128": Tile(tm=16, tc=128, tr=32, rm=4, rn=4, seg=8),
+                      "tile_3_blocks": Tile(tm=16, tc=64, tr=32, rm=1, rn=4, seg=8, blocks=3)}
 # Rows of x up to which the GEMV kernels (gemv.py) read W's packed bytes once; measured on an
 # H200 they beat the fused tile at M = 1 and lose to it at M = 16.
 GEMV_MAX_M = 4

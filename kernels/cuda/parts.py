@@ -45,14 +45,14 @@ GROUP = 4
 
 
 @functools.cache
-def tile_adder(TM, TC, NT):
+def tile_adder(TM, TC, NT, in_flight=IN_FLIGHT):
     """Device function: c[m0 : m0 + TM, c0 : c0 + TC] = the sum of its parts, in the order
     z = 0, 1, ..., inside c's edges; NT threads, neighbouring threads on neighbouring columns.
     A thread's elements go GROUP at a time, their sums in registers, and each batch of reads
-    (IN_FLIGHT values, `batch` parts of each) is in flight together."""
+    (in_flight values, `batch` parts of each) is in flight together."""
     per = -(-(TM * TC) // NT)  # elements a thread adds up
     group = min(per, GROUP)
-    batch = IN_FLIGHT // group
+    batch = max(1, in_flight // group)
     shape = (batch, group)  # local array shapes: compile-time constants
 
     @cuda.jit(device=True, cache=True)
