@@ -76,6 +76,24 @@ def test_a_tiles_blocks_bound_its_registers():
         assert res["registers"] <= 65536 // (256 * 3), (name, res)
 
 
+def test_tiles_differing_in_launch_bounds_have_cache_keys_of_their_own():
+    """Numba keys a kernel's on-disk cache entry by its bytecode and closure values, not its
+    launch bounds: SMALL_M_TILE and the same tile held to three blocks must differ there, or a
+    warm cache hands one the other's code."""
+    code = textwrap.dedent("""
+        from packlora.kernels.cuda.gemm import gemm_kernel
+        from packlora.kernels.cuda.ops import SMALL_M_CANDIDATES, SMALL_M_TILE
+        from packlora.kernels.format_ids import FORMAT_IDS
+
+        def key(tile):
+            kernel = gemm_kernel(tile)(FORMAT_IDS["q4_k"], 0)
+            return (kernel.py_func.__code__.co_code,
+                    repr([c.cell_contents for c in kernel.py_func.__closure__]))
+        print(key(SMALL_M_TILE) != key(SMALL_M_CANDIDATES["tile_3_blocks"]))
+    """)
+    assert _run("-c", code).strip() == "True"
+
+
 def test_a_scale_group_reads_its_scales_once(compiled):
     formats = {name.split("/")[1] for name in compiled if "/" in name}
     assert len(formats) >= 15, sorted(formats)  # every format, nf4 / fp4 also double-quantized

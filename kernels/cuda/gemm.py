@@ -78,10 +78,14 @@ def _build(TM, TC, TR, RM, RN, SEG, BLOCKS, fmt, dq):
     store = _store(RM, RN, BX, BY)
     add_tile = tile_adder(TM, TC, NT)
 
+    # Numba's on-disk cache keys a kernel by bytecode and closure, not launch bounds: the body
+    # names BLOCKS, so tiles differing only in `blocks` don't share (and swap) compiled code
     @cuda.jit(cache=True, **_bounds(NT, BLOCKS))
     def packed_gemm(a, c, out, counts, fold, bwd, span, grp, kdim, bs, q, q16, absmax, amq,
                     amcode, amscale, amoff, cb):
         # a (M, R), c (Z, M, C) parts, out (M, C): see gemm_kernel
+        if BLOCKS < 0:  # never (a compile-time constant): see above
+            return
         a_s = cuda.shared.array(shape=(TR, TM_PAD), dtype=float32)
         b_s = cuda.shared.array(shape=(TR, TC_PAD), dtype=float32)
         acc = cuda.local.array(shape=(RM, RN), dtype=float32)
@@ -90,14 +94,11 @@ def _build(TM, TC, TR, RM, RN, SEG, BLOCKS, fmt, dq):
         mdim, rdim = a.shape
         cdim = c.shape[2]
         ndim = rdim if bwd else cdim
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
         tid = ty * BX + tx
-        m0 = cuda.blockIdx.y * TM
-        c0 = cuda.blockIdx.x * TC
-        for i in range(RM):
-            for j in range(RN):
-                acc[i, j] = float32(0.0)
+        m0, c0 = cuda.blockIdx.y * TM, cuda.blockIdx.x * TC
+        for i in range(RM * RN):
+            acc[i // RN, i % RN] = float32(0.0)
         rbeg = cuda.blockIdx.z * span
         rend = min(rdim, rbeg + span)
         for r0 in range(rbeg, rend, TR):
