@@ -63,9 +63,12 @@ stage() {  # stage NAME LIMIT_S OUTFILE command...
 numba_cuda.__version__, numpy.__version__)"; } > "$OUT/logs.txt" 2>&1
 # No --maxfail: one failing shared path (dozens of parametrized cases) must not hide the other
 # tests' results, and the call cannot be repeated; the stage's time limit bounds it, and short
-# tracebacks keep the report within what comes back
-stage tests "${TESTS_S:-175}" tests.txt python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
-    --tb=short tests/test_cuda_device.py tests/test_kernels_cuda_gpu.py tests/test_quant.py
+# tracebacks keep the report within what comes back. One line a test as it ends (-v): a stage
+# stopped at its limit still says which tests passed and which failed, and the slowest ten
+# (mostly compiles) say how its limit should move
+stage tests "${TESTS_S:-175}" tests.txt python3 -m pytest -v -m gpu -p no:cacheprovider -rs \
+    --tb=short --durations=10 tests/test_cuda_device.py tests/test_kernels_cuda_gpu.py \
+    tests/test_quant.py
 stage kernels "${KERNELS_S:-135}" kernels_cuda.json python3 bench/kernels_cuda.py \
     --reps "${REPS:-10}"
 stage rng "${RNG_S:-15}" rng_cuda.json python3 bench/gpu_rng.py
