@@ -152,18 +152,22 @@ def main():
     ap.add_argument("--formats", default=",".join(FORMATS),
                     help="formats, nf4+dq for double-quantized; all: every format")
     ap.add_argument("--kernels", default=",".join([*KERNELS, *PLAIN_KERNELS]))
+    ap.add_argument("--shard", default="0/1", help="I/N: only formats I, I + N, ... (and the "
+                    "kernels that take no format where I is 0), for N processes run at once")
     args = ap.parse_args()
+    shard, shards = (int(p) for p in args.shard.split("/"))
     if shutil.which("ptxas") is None:
         sys.exit("cuda_static: ptxas not found: put a CUDA toolkit's bin on PATH")
     formats = args.formats.split(",")
     if formats == ["all"]:
         formats = [f for name in FORMAT_IDS for f in
                    ((name, name + "+dq") if REGISTRY[name].double_quant else (name,))]
+    formats = formats[shard::shards]
     cc = tuple(int(p) for p in args.cc.split("."))
     cuda_dispatcher.get_current_device = lambda: _Target(cc)
     out = {"cc": args.cc, "numba_cuda": _version("numba-cuda"), "kernels": {}}
     knames = args.kernels.split(",")
-    for kname in (k for k in knames if k in PLAIN_KERNELS):
+    for kname in (k for k in knames if k in PLAIN_KERNELS and shard == 0):
         kernel, sig = PLAIN_KERNELS[kname]
         out["kernels"][kname] = kernel_stats(kernel, sig, cc)
         print(kname, out["kernels"][kname], file=sys.stderr)

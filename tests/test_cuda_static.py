@@ -5,11 +5,11 @@ and, through bench/cuda_launch_host.py (Numba-CUDA with the driver stubbed), the
 replayed launch passes (kernels/cuda/prepared.py)."""
 import json
 import os
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
+from at_once import run_at_once, workers
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "cuda_static.py"
 LAUNCH_HOST = BENCH.parent / "cuda_launch_host.py"
@@ -25,22 +25,31 @@ KERNELS = (*SMALL_M_KERNELS, "gemv_fwd_16", "gemv_bwd_16", "tile_large_m", "deco
 MAX_REGISTERS = 128
 
 
-def _run(*args, timeout=900):
-    """stdout of COMPILE_PY *args (skips without the compile environment)."""
+def _run_at_once(arg_lists, timeout=900):
+    """stdout of COMPILE_PY with each list of arguments, run at once (skips without the
+    compile environment)."""
     if not COMPILE_PY:
         pytest.skip("no CUDA compile environment: scripts/test.sh makes one where the CUDA "
                     "toolkit's ptxas and libnvvm are installed (PACKLORA_CUDA_COMPILE_PY)")
     env = dict(os.environ, CUDA_HOME=os.environ.get("PACKLORA_CUDA_HOME", "/usr/local/cuda"))
-    proc = subprocess.run([COMPILE_PY, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, check=False, env=env, cwd=BENCH.parent)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout
+    return run_at_once([[COMPILE_PY, *map(str, args)] for args in arg_lists], timeout, env=env,
+                       cwd=BENCH.parent)
+
+
+def _run(*args, timeout=900):
+    return _run_at_once([args], timeout)[0]
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    out = _run(BENCH, "--formats", "all", "--kernels", ",".join(KERNELS))
-    return json.loads(out)["kernels"]
+    """Every kernel for every format, the formats shared among processes run at once."""
+    n = workers()
+    outs = _run_at_once([(BENCH, "--formats", "all", "--kernels", ",".join(KERNELS),
+                          "--shard", f"{i}/{n}") for i in range(n)])
+    got = {name: res for out in outs for name, res in json.loads(out)["kernels"].items()}
+    formats = {name.split("/")[1] for name in got if "/" in name}
+    assert len(got) == (len(KERNELS) - 1) * len(formats) + 1, sorted(got)  # scatter_rows: none
+    return got
 
 
 def test_no_local_memory_or_spills(compiled):
