@@ -1,11 +1,13 @@
-"""CUDA packed-linear kernels in Numba's CUDA simulator (a subprocess), on small shapes, and
+"""CUDA packed-linear kernels in Numba's CUDA simulator (subprocesses), on small shapes, and
 the launch grids; on a real GPU: test_kernels_cuda_gpu.py."""
+import functools
 import json
 import sys
 
 import numpy as np
 import pytest
-from cudasim_run import simulator_results
+from at_once import workers
+from cudasim_run import run_claimed, simulator_results
 from gguf_blocks import random_packed
 
 VARIANTS = [("nf4", False), ("nf4", True), ("fp4", False), ("fp4", True), ("int8", False),
@@ -30,6 +32,10 @@ TILE_CASES = [("nf4", True, (17, 20, 100), 64, (16, 16, 16, 4, 2, 4)),
 PRODUCTION_CASES = [("nf4", True, (5, 70, 192), "SMALL_M_TILE"),
                     ("q4_k", False, (3, 66, 256), "SMALL_M_TILE"),
                     ("q8_0", False, (20, 65, 160), "LARGE_M_TILE")]
+# The split products, their parts added in the kernel and after it: the production tiles, and
+# the GEMV backward with 40 and 64 parts (several batches of the adder's reads, a ragged last)
+FOLD_CASES = [*PRODUCTION_CASES, ("q4_0", False, (3, 40, 256), None),
+              ("nf4", True, (1, 64, 512), None)]
 
 
 def _cases():
@@ -174,34 +180,29 @@ def _sim_weight_args(ops, quantize, rng):
             "after": _rel_err(ops.linear_fwd(x, w), x @ other.dequantize().T)}
 
 
-def _sim_fold_bits(ops, quantize, rng):
-    """The split products with the kernel adding its parts (SUM_PARTS_IN_KERNEL) and with numpy
-    adding them after the launch: the same bits, as both add the parts in order; and how many
-    launches the kernel added in."""
+def _sim_fold_case(ops, quantize, rng, case):
+    """A split product with the kernel adding its parts (SUM_PARTS_IN_KERNEL) and with numpy
+    adding them after the launch: whether the bits are the same (both add the parts in order),
+    and in how many launches the kernel added them."""
+    fmt, dq, (m, n, k), tile = case
     folds, plain = [], ops.launch
 
     def spy(build, grid, block, args, w, result=1):
         if len(args) > 4:  # the tile's and the GEMV backward's (the GEMV forward does not split)
             folds.append(args[4])
         plain(build, grid, block, args, w, result)
-    cases = [*PRODUCTION_CASES, ("q4_0", False, (3, 40, 256), None),
-             ("nf4", True, (1, 64, 512), None)]
-    out, ops.launch = {}, spy
+    w = random_packed(fmt, n, k, rng) if fmt in KQUANTS else quantize(
+        rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=dq)
+    x = rng.standard_normal((m, k)).astype(np.float32)                   # (M, K)
+    dy = rng.standard_normal((m, n)).astype(np.float32)                  # (M, N)
+    tile = getattr(ops, tile) if tile else None
+    got, ops.launch = [], spy
     try:
-        for fmt, dq, (m, n, k), tile in cases:
-            w = random_packed(fmt, n, k, rng) if fmt in KQUANTS else quantize(
-                rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=dq)
-            x = rng.standard_normal((m, k)).astype(np.float32)           # (M, K)
-            dy = rng.standard_normal((m, n)).astype(np.float32)          # (M, N)
-            tile = getattr(ops, tile) if tile else None
-            got = []
-            for ops.SUM_PARTS_IN_KERNEL in (True, False):
-                got.append((ops.linear_fwd(x, w, tile=tile), ops.linear_bwd(dy, w, tile=tile)))
-            out[f"{fmt}-{m}x{n}x{k}"] = all(np.array_equal(a, b) for a, b in zip(*got))
+        for ops.SUM_PARTS_IN_KERNEL in (True, False):
+            got.append((ops.linear_fwd(x, w, tile=tile), ops.linear_bwd(dy, w, tile=tile)))
     finally:
         ops.launch, ops.SUM_PARTS_IN_KERNEL = plain, True
-    out["folded"] = sum(folds)
-    return out
+    return {"same": all(np.array_equal(a, b) for a, b in zip(*got)), "folded": sum(folds)}
 
 
 def _sim_wrows_bits(ops, quantize, rng):
@@ -226,7 +227,7 @@ def _sim_wrows_bits(ops, quantize, rng):
     return out
 
 
-def _simulator_main():
+def _simulator_main(claims):
     # Threads switch every 0.1 ms, so that a missing barrier in a kernel shows. The simulator's
     # own races, on shared arrays and on device functions' module swap (cudasim_shared.py), are
     # closed first.
@@ -239,35 +240,43 @@ def _simulator_main():
     from packlora.kernels.cuda.gemm import Tile
     from packlora.quant import quantize
     assert config.ENABLE_CUDASIM, "run with NUMBA_ENABLE_CUDASIM=1"
-    rng = np.random.default_rng(0)
-    out = {cid: _sim_case(ops, Tile, quantize, rng, case) for cid, case in CASES.items()}
-    out["fp16_scales"] = _sim_fp16_scales(ops, quantize, rng)
-    out["api"] = _sim_api(ops, quantize, rng)
-    out["gather"] = _sim_gather(quantize, rng)
-    out["weight_args"] = _sim_weight_args(ops, quantize, rng)
-    out["fold_bits"] = _sim_fold_bits(ops, quantize, rng)
-    out["wrows_bits"] = _sim_wrows_bits(ops, quantize, rng)
+    print(json.dumps(run_claimed(_sim_jobs(ops, Tile, quantize), claims)))
+
+
+def _sim_jobs(ops, Tile, quantize):
+    """{key: function of a generator}: every simulator case, the longest first (each of the
+    processes sharing them takes the next unclaimed one)."""
+    jobs = {f"fold_bits/{fmt}-{'x'.join(map(str, shape))}":
+            functools.partial(_sim_fold_case, ops, quantize, case=(fmt, dq, shape, tile))
+            for fmt, dq, shape, tile in FOLD_CASES}
     # the GEMV at every row bound (GEMV_MAX_M raised to gemv.MAX_M), M up to 16; N not a
     # multiple of a warp's rows of W, K not of a block's chunk of x
     every_bound = {"GEMV_MAX_M": ops.gemv.MAX_M}
-    out["gemv_rows"] = _sim_patched(
-        ops, Tile, quantize, rng, every_bound,
-        [("q4_0", False, (16, 12, 256)), ("nf4", True, (9, 12, 256)),
-         ("q6_k", False, (4, 12, 256)), ("q8_0", False, (5, 12, 256)),
-         ("nf4", False, (12, 13, 192)), ("q8_0", False, (3, 7, 288))])
+    jobs["gemv_rows"] = functools.partial(
+        _sim_patched, ops, Tile, quantize, patches=every_bound, cases=[
+            ("q4_0", False, (16, 12, 256)), ("nf4", True, (9, 12, 256)),
+            ("q6_k", False, (4, 12, 256)), ("q8_0", False, (5, 12, 256)),
+            ("nf4", False, (12, 13, 192)), ("q8_0", False, (3, 7, 288))])
     # the GEMV with the GPU's threads a block (eight warps; rows of W past N idle)
-    out["gemv_gpu_threads"] = _sim_patched(
-        ops, Tile, quantize, rng, {**every_bound, "SIM_GEMV_THREADS": ops.gemv.THREADS},
-        [("q4_k", False, (3, 20, 256)), ("nf4", True, (2, 9, 128)),
-         ("q8_0", False, (12, 21, 160))])
-    print(json.dumps(out))
+    jobs["gemv_gpu_threads"] = functools.partial(
+        _sim_patched, ops, Tile, quantize,
+        patches={**every_bound, "SIM_GEMV_THREADS": ops.gemv.THREADS},
+        cases=[("q4_k", False, (3, 20, 256)), ("nf4", True, (2, 9, 128)),
+               ("q8_0", False, (12, 21, 160))])
+    jobs["gather"] = functools.partial(_sim_gather, quantize)
+    for cid, case in reversed(CASES.items()):  # the tiles' cases, the longest, are last there
+        jobs[cid] = functools.partial(_sim_case, ops, Tile, quantize, case=case)
+    for name, fn in (("fp16_scales", _sim_fp16_scales), ("api", _sim_api),
+                     ("weight_args", _sim_weight_args), ("wrows_bits", _sim_wrows_bits)):
+        jobs[name] = functools.partial(fn, ops, quantize)
+    return jobs
 
 
 # ---------------------------------------------------------------- pytest side
 @pytest.fixture(scope="module")
 def sim():
-    """Run every simulator case once in a subprocess."""
-    return simulator_results(__file__, timeout=300)
+    """Every simulator case, run once, the cases shared among processes run at once."""
+    return simulator_results(__file__, timeout=300, processes=workers())
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
@@ -302,9 +311,10 @@ def test_simulator_api_and_errors(sim):
 
 
 def test_simulator_parts_added_in_the_kernel_give_the_same_bits(sim):
-    res = dict(sim["fold_bits"])
-    assert res.pop("folded") >= len(res), "the kernels did not add their parts"
-    assert all(res.values()), res
+    res = {key: sim[key] for key in sim if key.startswith("fold_bits/")}
+    assert len(res) == len(FOLD_CASES)
+    assert sum(r["folded"] for r in res.values()) >= len(res), "the kernels did not add their parts"
+    assert all(r["same"] for r in res.values()), res
 
 
 def test_simulator_gemv_backward_two_rows_of_w_at_a_time_give_the_same_bits(sim):
@@ -421,4 +431,4 @@ def test_a_grid_past_cudas_limits_is_refused():
 
 
 if __name__ == "__main__":
-    _simulator_main()
+    _simulator_main(sys.argv[1])
