@@ -7,9 +7,9 @@ import time
 
 def workers():
     """How many processes to run at once: one a core this process may use, up to 4."""
-    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process is allowed
-        return max(1, min(4, len(os.sched_getaffinity(0))))
-    return max(1, min(4, os.cpu_count() or 1))
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")  # Linux
+             else os.cpu_count())
+    return max(1, min(4, cores or 1))
 
 
 def run_at_once(commands, timeout, **popen):
