@@ -1,7 +1,9 @@
 """Commands run at once, one a core: the simulator's and the CUDA compiler's tests spend minutes
 in one process on one core, while the other cores of the machine wait."""
+import contextlib
 import os
 import subprocess
+import tempfile
 import time
 
 
@@ -15,18 +17,23 @@ def workers():
 def run_at_once(commands, timeout, **popen):
     """The standard output of each command (a list of arguments), all started together and all
     within `timeout` seconds; fails with a command's standard error if it fails. `popen`:
-    further arguments of subprocess.Popen (env, cwd)."""
+    further arguments of subprocess.Popen (env, cwd). The output goes to files, not pipes: a
+    command that writes more than a pipe holds must not wait for its turn to be read."""
     deadline = time.monotonic() + timeout
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              **popen) for cmd in commands]
-    outs = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
-            assert proc.returncode == 0, err[-4000:]
-            outs.append(out)
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    return outs
+    with contextlib.ExitStack() as files:
+        logs = [(files.enter_context(tempfile.TemporaryFile("w+")),
+                 files.enter_context(tempfile.TemporaryFile("w+"))) for _ in commands]
+        procs = [subprocess.Popen(cmd, stdout=out, stderr=err, **popen)
+                 for cmd, (out, err) in zip(commands, logs)]
+        try:
+            for proc in procs:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+        for proc, (out, err) in zip(procs, logs):
+            out.seek(0)
+            err.seek(0)
+            assert proc.returncode == 0, err.read()[-4000:]
+        return [out.read() for out, _ in logs]

@@ -47,9 +47,13 @@ def compiled():
     outs = _run_at_once([(BENCH, "--formats", "all", "--kernels", ",".join(KERNELS),
                           "--shard", f"{i}/{n}") for i in range(n)])
     got = {name: res for out in outs for name, res in json.loads(out)["kernels"].items()}
-    formats = {name.split("/")[1] for name in got if "/" in name}
-    assert len(got) == (len(KERNELS) - 1) * len(formats) + 1, sorted(got)  # scatter_rows: none
+    assert len(got) == (len(KERNELS) - 1) * len(_formats(got)) + 1, sorted(got)  # scatter_rows
     return got
+
+
+def _formats(compiled):
+    """The formats `compiled` holds kernels for ("kernel/format" names)."""
+    return {name.split("/")[1] for name in compiled if "/" in name}
 
 
 def test_no_local_memory_or_spills(compiled):
@@ -104,7 +108,7 @@ def test_tiles_differing_in_launch_bounds_have_cache_keys_of_their_own():
 
 
 def test_a_scale_group_reads_its_scales_once(compiled):
-    formats = {name.split("/")[1] for name in compiled if "/" in name}
+    formats = _formats(compiled)
     assert len(formats) >= 15, sorted(formats)  # every format, nf4 / fp4 also double-quantized
     for fmt in formats:
         run, group = (compiled[f"{k}/{fmt}"]["ptx_instructions"]
