@@ -58,9 +58,10 @@ _GEMV_BWD_ARGS = (_F32_2D, _F32_3D, _F32_2D, _COUNTS, _INT, _INT)  # dy, parts, 
 # small-M tiles the GPU check times against SMALL_M_TILE
 KERNELS = {
     "gemv_fwd": (gemv.gemv_fwd, (_F32_2D, _F32_2D)),
-    "gemv_bwd": (gemv.gemv_bwd, _GEMV_BWD_ARGS),
+    "gemv_bwd": (functools.partial(gemv.gemv_bwd, wrows=gemv.BWD_ROWS), _GEMV_BWD_ARGS),
     "gemv_fwd_16": (functools.partial(gemv.gemv_fwd, rows=gemv.MAX_M), (_F32_2D, _F32_2D)),
-    "gemv_bwd_16": (functools.partial(gemv.gemv_bwd, rows=gemv.MAX_M), _GEMV_BWD_ARGS),
+    "gemv_bwd_16": (functools.partial(gemv.gemv_bwd, rows=gemv.MAX_M, wrows=gemv.BWD_ROWS),
+                    _GEMV_BWD_ARGS),
     "gemv_bwd_rows2": (functools.partial(gemv.gemv_bwd, wrows=2), _GEMV_BWD_ARGS),
     "tile_small_m": (gemm_kernel(SMALL_M_TILE), _TILE_ARGS),
     "tile_large_m": (gemm_kernel(LARGE_M_TILE), _TILE_ARGS),

@@ -155,9 +155,10 @@ def _warp_sums(rows, nw):
 
 
 @functools.cache
-def gemv_bwd(fmt, dq, rows=SMALL_M, wrows=BWD_ROWS):
+def gemv_bwd(fmt, dq, rows=SMALL_M, *, wrows):
     """The backward kernel for format id fmt (dq: double-quantized absmax), up to `rows` rows
-    of dy, `wrows` rows of W decoded at a time."""
+    of dy, `wrows` rows of W decoded at a time (callers pass BWD_ROWS as it is when they call:
+    a default would keep the value it had at import)."""
     accs = rows * BWD_SEG
     run = (wrows, BWD_SEG)  # local array shape: a compile-time constant
     add_runs = _run_adder(rows)
