@@ -48,8 +48,13 @@ data: {{train: {tiny / 'train.jsonl'}, val_size: 2, max_seq_len: 48}}
 train: {{max_steps: 3, batch_size: 2, lr: 1.0e-3, warmup_steps: 1, eval_every: 3, save_every: 3}}
 output_dir: {out}
 """)
-    assert main(["finetune", str(cfg), "train.max_steps=2", "--quiet"]) == 0
-    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["finetune", str(cfg), "train.max_steps=2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    last = json.loads(lines[-1])
+    # not a terminal: the progress as plain lines (the first and the last step), peak RSS in each
+    steps = [x for x in lines if x.startswith("train ")]
+    assert [x.split()[1] for x in steps] == ["1/2", "2/2"]
+    assert all(" peak RSS " in x for x in steps) and "eval" in steps[-1]
     assert last["steps"] == 2 and np.isfinite(last["final_loss"])
     assert last["eval_loss"] is not None  # the last step is always evaluated
     assert (out / "adapter_model.safetensors").is_file()

@@ -1,5 +1,6 @@
 """Training: AdamW, schedules, clipping, accumulation, checkpointing, metrics, checkpoints,
 bit-exact resume and a busy output dir (the failures: test_trainer_failures.py)."""
+import io
 import json
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import model_factory as mf
 import numpy as np
 import pytest
 from packlora import Device, Tensor
+from rich.console import Console
 from packlora.adapters import apply_lora
 from packlora.config import TrainConfig
 from packlora.data import Example, pack_examples
@@ -14,9 +16,11 @@ from packlora.errors import ConfigError
 from packlora.models import load_model
 from packlora.training.checkpoints import list_checkpoints
 from packlora.training.optim import AdamW, clip_grad_norm
+from packlora.training.progress import Progress
 from packlora.training.run import finetune
 from packlora.training.schedule import Schedule
-from packlora.training.trainer import Trainer, evaluate
+from packlora.tracker import MemoryTracker
+from packlora.training.trainer import Trainer, _bar_info, _memory_record, evaluate
 
 
 # --- a tiny chat model and data ---------------------------------------------------------------
@@ -121,6 +125,28 @@ def test_clip_grad_norm():
 
 
 # --- the loop --------------------------------------------------------------------------------
+class _Pool:  # what a GPU's memory record reads of cupy's pool
+    def total_bytes(self):
+        return 3 << 30
+
+
+def test_gpu_memory_record_and_progress_line_name_the_pool():
+    rec = _memory_record(MemoryTracker("cuda", pool=_Pool()))
+    assert rec["gpu_pool_bytes"] == 3 << 30 and rec["rss_peak"] > 0
+    line = _bar_info({"loss": 1.0, "lr": 1e-3, "tokens_per_s": 10.0, **rec})
+    assert "GPU pool 3072 MiB  peak RSS " in line
+    assert "gpu_pool_bytes" not in _memory_record(MemoryTracker("cpu"))
+
+
+def test_progress_in_a_pipe_prints_plain_lines_now_and_then():
+    console = Console(file=io.StringIO())  # not a terminal
+    bar = Progress(5, enabled=True, console=console)
+    for step in range(1, 6):  # quicker than PLAIN_EVERY_S: the first and the last step,
+        bar.update(step, f"loss {step}", evaluated=step == 3)  # and an evaluation's
+    bar.close()
+    assert console.file.getvalue().splitlines() == [f"train {s}/5  loss {s}" for s in (1, 3, 5)]
+
+
 def test_loss_decreases_and_run_outputs(setup, tmp_path):
     out = tmp_path / "run"
     res = finetune(run_cfg(setup, out, max_steps=24, lr=1e-2, eval_every=8, save_every=8,
@@ -132,6 +158,7 @@ def test_loss_decreases_and_run_outputs(setup, tmp_path):
     assert [r["step"] for r in recs] == list(range(1, 25))
     for r in recs:
         assert {"step", "loss", "lr", "tokens_per_s"} <= set(r) and r["tokens_per_s"] > 0
+        assert r["rss_peak"] > r["mem_tracked_peak"] > 0  # the process holds more than tracked
     assert [r["step"] for r in recs if "eval_loss" in r] == [8, 16, 24]
     evals = [r["eval_loss"] for r in recs if "eval_loss" in r]
     assert evals[-1] < evals[0] and all(np.isfinite(evals))

@@ -1,4 +1,4 @@
-"""Run metrics: one JSON line per log step in metrics.jsonl, a loss plot at the end, progress.
+"""Run metrics: one JSON line per log step in metrics.jsonl, a loss plot at the end.
 
 metrics.jsonl is appended a line at a time, so a kill can tear its last line; reading skips a
 line that does not parse (saying so), and a resumed run rewrites the file atomically from the
@@ -7,9 +7,6 @@ import json
 import os
 import warnings
 from pathlib import Path
-
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-from rich.progress import Progress as RichProgress
 
 from ..fileio import atomic_path, write_text
 
@@ -76,30 +73,3 @@ def read_records(path):
             continue
         records.append(rec)
     return records
-
-
-class Progress:
-    """A rich progress bar with step, loss, lr, tokens/s and peak memory (quiet when disabled)."""
-
-    def __init__(self, total, start=0, enabled=True):
-        self.bar = None
-        if not enabled:
-            return
-        self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
-        self.task = self.bar.add_task("train", total=total, completed=start, info="")
-        self.bar.start()
-
-    def update(self, step, info):
-        if self.bar is not None:
-            self.bar.update(self.task, completed=step, info=info)
-
-    def log(self, text):
-        if self.bar is not None:
-            self.bar.console.log(text)
-        else:
-            print(text, flush=True)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.stop()

@@ -7,11 +7,13 @@ import numpy as np
 from ..autodiff import on_complete_grad, without_autodiff
 from ..data import Batches
 from ..errors import TrainingError
+from ..tracker import rss_peak
 from .checkpoints import load_checkpoint, resume_candidates, save_checkpoint
 from .distributed import World, check_global_batch
 from .fingerprint import check_resume, default_settings, fingerprint
-from .metrics import MetricsLog, Progress
+from .metrics import MetricsLog
 from .optim import AdamW, clip_grad_norm
+from .progress import Progress
 from .schedule import Schedule
 from .states import STATE_BITS
 
@@ -30,8 +32,14 @@ def evaluate(model, examples, batch_size, pad_id=0, chunk=256):
 
 
 def _memory_record(mem):
-    return {"mem_peak": {c: int(v) for c, v in mem.peak.items() if v},
-            "mem_tracked_peak": int(mem.total_peak)}
+    """The tracker's peaks by category (the explanation), the whole process's peak RSS (what
+    the machine sees; None where the system does not say) and, on a GPU, the bytes cupy's pool
+    holds there (it keeps freed blocks for reuse, so this is its high-water mark)."""
+    rec = {"mem_peak": {c: int(v) for c, v in mem.peak.items() if v},
+           "mem_tracked_peak": int(mem.total_peak), "rss_peak": rss_peak()}
+    if mem.pool is not None:
+        rec["gpu_pool_bytes"] = int(mem.pool.total_bytes())
+    return rec
 
 
 class Trainer:
@@ -236,7 +244,7 @@ class Trainer:
                 if metrics and (self.step % cfg.log_every == 0 or "eval_loss" in rec
                                 or self.step == self.total):
                     metrics.write(rec)
-                bar.update(self.step, _bar_info(rec))
+                bar.update(self.step, _bar_info(rec), "eval_loss" in rec)
                 if self.output_dir and cfg.save_every and (self.step % cfg.save_every == 0
                                                            or self.step == self.total):
                     state = self.state()  # a collective: every rank takes part
@@ -251,9 +259,12 @@ class Trainer:
 
 
 def _bar_info(rec):
-    peak = rec["mem_tracked_peak"] / 2**20
-    text = (f"loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  {rec['tokens_per_s']:.0f} tok/s  "
-            f"peak {peak:.0f} MiB")
+    # what the machine sees (metrics.jsonl has the tracked categories that explain it)
+    text = f"loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  {rec['tokens_per_s']:.0f} tok/s  "
+    if "gpu_pool_bytes" in rec:
+        text += f"GPU pool {rec['gpu_pool_bytes'] / 2**20:.0f} MiB  "
+    peak = ("RSS", rec["rss_peak"]) if rec.get("rss_peak") else ("tracked", rec["mem_tracked_peak"])
+    text += f"peak {peak[0]} {peak[1] / 2**20:.0f} MiB"
     if "eval_loss" in rec:
         text += f"  eval {rec['eval_loss']:.4f}"
     return text
