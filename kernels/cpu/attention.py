@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import SERIAL_MAX
-from .fastexp import SAFE_FASTMATH, fexp
+from .fastexp import BODY_FASTMATH, SAFE_FASTMATH, fexp
 
 NO_CAUSAL = (1, 0, 0, 0)  # (rows, r0, groups, shift): every key visible
 
@@ -40,6 +40,15 @@ def _row_max(s, i, n, scale):
 
 
 @njit(fastmath=SAFE_FASTMATH, cache=True)
+def _row_sum(s, i, n):
+    """sum of s[i, :n] (reassoc lets LLVM vectorize it)."""
+    acc = np.float32(0.0)
+    for j in range(n):
+        acc += s[i, j]
+    return acc
+
+
+@njit(fastmath=BODY_FASTMATH, cache=True)
 def _softmax_row(s, lse, i, scale, causal):
     n = _visible(i, s.shape[1], causal)
     for j in range(n, s.shape[1]):
@@ -48,11 +57,9 @@ def _softmax_row(s, lse, i, scale, causal):
         lse[i] = -math.inf
         return
     m = _row_max(s, i, n, scale)
-    acc = np.float32(0.0)
-    for j in range(n):
-        e = fexp(s[i, j] * scale - m)
-        s[i, j] = e
-        acc += e
+    for j in range(n):  # the exps, then their sum: BODY_FASTMATH (fastexp.py) says why
+        s[i, j] = fexp(s[i, j] * scale - m)
+    acc = _row_sum(s, i, n)
     inv = np.float32(1.0) / acc
     for j in range(n):
         s[i, j] *= inv

@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import SERIAL_MAX
-from .fastexp import SAFE_FASTMATH, fexp, one_like
+from .fastexp import BODY_FASTMATH, SAFE_FASTMATH, fexp, one_like
 
 
 # error_model="numpy": a NaN row divides by NaN (or, with fast-math, by zero) and must give NaN
@@ -71,7 +71,7 @@ def swiglu_fwd(gate, up, y):
             _swiglu_row(gate, up, y, i)
 
 
-@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
+@njit(parallel=True, fastmath=BODY_FASTMATH, cache=True)
 def swiglu_bwd(g, gate, up, dgate, dup, want_gate, want_up):
     rows, d = gate.shape
     for i in prange(rows):

@@ -13,6 +13,14 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 SAFE_FASTMATH = {"contract", "afn", "reassoc", "nsz", "arcp"}
+# Arithmetic in a parallel loop's body leaves reassoc out. Numba keeps two copies of that body:
+# the one the process that compiled it runs (optimized once), and the one in its on-disk cache
+# (optimized again inside the calling function). LLVM's reassociation of an expression need
+# not come out the same the second time, so a run that compiled its kernels and a run that
+# loaded them from the cache differed in the last bit (a third of SwiGLU backward's values,
+# softmax rows). A sum that needs reassoc to vectorize keeps it, in a loop of its own.
+# tests/test_kernel_cache.py checks a training step's bits both ways.
+BODY_FASTMATH = SAFE_FASTMATH - {"reassoc"}
 
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI = np.float32(0.693359375)
