@@ -8,19 +8,19 @@ import model_factory as mf
 import numpy as np
 import pytest
 from packlora import Device, Tensor
-from rich.console import Console
 from packlora.adapters import apply_lora
 from packlora.config import TrainConfig
 from packlora.data import Example, pack_examples
 from packlora.errors import ConfigError
 from packlora.models import load_model
+from packlora.tracker import MemoryTracker
 from packlora.training.checkpoints import list_checkpoints
 from packlora.training.optim import AdamW, clip_grad_norm
 from packlora.training.progress import Progress
 from packlora.training.run import finetune
 from packlora.training.schedule import Schedule
-from packlora.tracker import MemoryTracker
 from packlora.training.trainer import Trainer, _bar_info, _memory_record, evaluate
+from rich.console import Console
 
 
 # --- a tiny chat model and data ---------------------------------------------------------------

@@ -34,7 +34,7 @@ def evaluate(model, examples, batch_size, pad_id=0, chunk=256):
 def _memory_record(mem):
     """The tracker's peaks by category (the explanation), the whole process's peak RSS (what
     the machine sees; None where the system does not say) and, on a GPU, the bytes cupy's pool
-    holds there (it keeps freed blocks for reuse, so this is its high-water mark)."""
+    holds there (freed blocks stay in it for reuse: what the GPU sees this process hold)."""
     rec = {"mem_peak": {c: int(v) for c, v in mem.peak.items() if v},
            "mem_tracked_peak": int(mem.total_peak), "rss_peak": rss_peak()}
     if mem.pool is not None:
