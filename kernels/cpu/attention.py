@@ -40,8 +40,8 @@ def _row_max(s, i, n, scale):
 
 
 @njit(fastmath=SAFE_FASTMATH, cache=True)
-def _row_sum(s, i, n):
-    """sum of s[i, :n] (reassoc lets LLVM vectorize it)."""
+def row_sum(s, i, n):
+    """sum of s[i, :n] (reassoc lets LLVM vectorize it; BODY_FASTMATH in fastexp.py)."""
     acc = np.float32(0.0)
     for j in range(n):
         acc += s[i, j]
@@ -59,7 +59,7 @@ def _softmax_row(s, lse, i, scale, causal):
     m = _row_max(s, i, n, scale)
     for j in range(n):  # the exps, then their sum: BODY_FASTMATH (fastexp.py) says why
         s[i, j] = fexp(s[i, j] * scale - m)
-    acc = _row_sum(s, i, n)
+    acc = row_sum(s, i, n)
     inv = np.float32(1.0) / acc
     for j in range(n):
         s[i, j] *= inv

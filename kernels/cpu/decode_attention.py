@@ -4,22 +4,32 @@ out[b, h] = softmax(q[b, h] . k[b, :, h // G] * scale) @ v[b, :, h // G], G = H 
 heads per key/value head (grouped-query attention), keys where `valid` is False (left padding)
 left out. k and v are the cache's own (B, S, Hkv, D) views, read in place. A task per (row,
 key/value head) computes the scores of its G query heads (each key read once for all G), their
-softmax (max first, fexp, as the softmax row kernel) and the weighted sums of values (each
-value row read once): a one-token step's attention had been a dozen numpy calls (batched
-matmuls, reshapes, the softmax kernel) per layer. A NaN score makes its head's output NaN.
+softmax (max first, the exps, then their sum, as the softmax row kernel) and the weighted sums
+of values (each value row read once): a one-token step's attention had been a dozen numpy
+calls (batched matmuls, reshapes, the softmax kernel) per layer. A NaN score makes its head's
+output NaN.
 """
 import numpy as np
 from numba import njit, prange
 
 from . import SERIAL_MAX
-from .fastexp import SAFE_FASTMATH, fexp
+from .attention import row_sum
+from .fastexp import BODY_FASTMATH, SAFE_FASTMATH, fexp
 
 
-@njit(inline="always", fastmath=SAFE_FASTMATH, cache=True)
+@njit(fastmath=SAFE_FASTMATH, cache=True)
+def _dot(q, k, b, h, s, kv):
+    """q[b, h] . k[b, s, kv] (reassoc lets LLVM vectorize it; BODY_FASTMATH in fastexp.py)."""
+    acc = np.float32(0.0)
+    for j in range(q.shape[2]):
+        acc += q[b, h, j] * k[b, s, kv, j]
+    return acc
+
+
+@njit(fastmath=BODY_FASTMATH, cache=True)
 def _scores(q, k, valid, masked, scale, b, kv, g, sc):
     """sc (G, S) <- the scores of query heads kv * G .. kv * G + G - 1 (each key read once for
     the G heads); returns each head's largest score (G,)."""
-    d = q.shape[2]
     m = np.full(g, -np.inf, np.float32)
     for s in range(k.shape[1]):
         if masked and not valid[b, s]:
@@ -27,15 +37,12 @@ def _scores(q, k, valid, masked, scale, b, kv, g, sc):
                 sc[i, s] = -np.inf
             continue
         for i in range(g):
-            acc = np.float32(0.0)
-            for j in range(d):
-                acc += q[b, kv * g + i, j] * k[b, s, kv, j]
-            sc[i, s] = acc * scale
+            sc[i, s] = _dot(q, k, b, kv * g + i, s, kv) * scale
             m[i] = max(m[i], sc[i, s])
     return m
 
 
-@njit(fastmath=SAFE_FASTMATH, cache=True)
+@njit(fastmath=BODY_FASTMATH, cache=True)
 def _group(q, k, v, valid, masked, scale, out, t, sc, acc):
     """Task t = b * Hkv + kv: its G query heads into out[b, kv * G: (kv + 1) * G]; sc (G, S)
     and acc (G, D) float32 scratch."""
@@ -44,12 +51,9 @@ def _group(q, k, v, valid, masked, scale, out, t, sc, acc):
     g = q.shape[1] // nkv
     m = _scores(q, k, valid, masked, scale, b, kv, g, sc)
     for i in range(g):
-        total = np.float32(0.0)
-        for s in range(k.shape[1]):
-            e = fexp(sc[i, s] - m[i])
-            sc[i, s] = e
-            total += e
-        inv = np.float32(1.0) / total
+        for s in range(k.shape[1]):  # the exps, then their sum (BODY_FASTMATH)
+            sc[i, s] = fexp(sc[i, s] - m[i])
+        inv = np.float32(1.0) / row_sum(sc, i, k.shape[1])
         for s in range(k.shape[1]):
             sc[i, s] *= inv
     acc[:] = 0.0
