@@ -1,10 +1,15 @@
 """CPU elementwise and row kernels (fast exp, SwiGLU, RMSNorm, RoPE, cross-entropy rows,
 attention's softmax rows) against numpy in float64, on both sides of the serial / parallel
 split."""
+import importlib
+import pkgutil
+
 import numpy as np
 import packlora  # noqa: F401  (thread-pool environment before numpy/numba)
+import packlora.kernels.cpu as cpu_kernels
 import pytest
 from numba import njit
+from numba.core.registry import CPUDispatcher as Dispatcher
 from packlora.kernels.cpu import SERIAL_MAX
 from packlora.kernels.cpu import attention as att
 from packlora.kernels.cpu import elementwise as ew
@@ -128,3 +133,35 @@ def test_row_kernels_serial_and_parallel_branches(rows):
     c, sn = np.cos(ang)[None, :, None], np.sin(ang)[None, :, None]
     np.testing.assert_allclose(out, np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], -1),
                                rtol=1e-12, atol=1e-12)
+
+
+def test_cross_entropy_rows_on_a_vocabulary_row_and_nan():
+    """A row the length of a vocabulary (not a multiple of any vector width) against float64;
+    a NaN logit makes its row's log-sum-exp NaN, wherever it sits."""
+    rng = np.random.default_rng(11)
+    z = (rng.standard_normal((3, 49157)) * 8).astype(np.float32)
+    z[1, 49156] = 60.0  # the largest logit in the last, ragged lane
+    t = np.array([5, 49156, 0])
+    lse, nll = np.empty(3, np.float32), np.empty(3, np.float32)
+    ce_rows(z, t, -100, lse, nll)
+    z64 = z.astype(np.float64)
+    ref = z64.max(1) + np.log(np.exp(z64 - z64.max(1, keepdims=True)).sum(1))
+    np.testing.assert_allclose(lse, ref, rtol=1e-6)
+    np.testing.assert_allclose(nll, ref - z64[np.arange(3), t], rtol=1e-5, atol=1e-6)
+    z[0, 0], z[2, 30001] = np.nan, np.nan
+    ce_rows(z, t, -100, lse, nll)
+    assert np.isnan(lse[[0, 2]]).all() and np.isfinite(lse[1])
+
+
+def test_every_cpu_kernel_takes_numpys_error_model():
+    """Numba's default error model checks divisions in the loop and keeps LLVM from vectorizing
+    it (kernels/cpu/__init__.py); every compiled kernel is declared through `kernel`."""
+    found = 0
+    for module in pkgutil.iter_modules(cpu_kernels.__path__):
+        mod = importlib.import_module(f"{cpu_kernels.__name__}.{module.name}")
+        for name, obj in vars(mod).items():
+            if isinstance(obj, Dispatcher) and obj.py_func.__module__ == mod.__name__:
+                found += 1
+                assert obj.targetoptions.get("error_model") == "numpy", f"{mod.__name__}.{name}"
+                assert obj._cache.__class__.__name__ != "NullCache", f"{mod.__name__}.{name}"
+    assert found > 40

@@ -12,14 +12,16 @@ float32 in the same order as the numpy expressions, so both paths give the same 
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from . import kernel
 
 BLOCK = 256
 # The update's float32 scalars, in adamw8_update's argument order.
 HYPER = ("decay", "b1", "one_b1", "b2", "one_b2", "c2", "eps", "step_size")
 
 
-@njit(cache=True)
+@kernel()
 def _code_index(y, code):
     """The map index of y as quant.blockwise.dynamic_quantize picks it (binary search from 127,
     then the float32 midpoint against the neighbour on y's side; NaN lands on 0)."""
@@ -37,7 +39,7 @@ def _code_index(y, code):
     return above if y > val else below
 
 
-@njit(cache=True)
+@kernel()
 def _encode(x, n, codes, absmax, b, code):
     """codes[b*256:...] and absmax[b] of the n values x[:n] (one block)."""
     mx = np.float32(0.0)
@@ -52,7 +54,7 @@ def _encode(x, n, codes, absmax, b, code):
         codes[base + i] = _code_index(x[i] / safe, code)
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def adamw8_update(w, g, m_codes, m_absmax, v_codes, v_absmax, code_s, code_u,
                   decay, b1, one_b1, b2, one_b2, c2, eps, step_size):
     """One AdamW step of the flat float32 weights w (N,) from their grad g (N,), both moments

@@ -12,15 +12,16 @@ the mask and a pass over the scores per block. groups = 0: no causal limit.
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from . import SERIAL_MAX
+from . import SERIAL_MAX, kernel
 from .fastexp import BODY_FASTMATH, SAFE_FASTMATH, fexp
+from .row_reduce import row_max, row_sum
 
 NO_CAUSAL = (1, 0, 0, 0)  # (rows, r0, groups, shift): every key visible
 
 
-@njit(inline="always", cache=True)
+@kernel(inline="always")
 def _visible(i, n, causal):
     """Keys [0, visible) row i of a score slice sees (all n without a causal limit)."""
     rows, r0, groups, shift = causal
@@ -29,26 +30,7 @@ def _visible(i, n, causal):
     return max(0, min(n, (r0 + i % rows) // groups + shift + 1))
 
 
-@njit(fastmath=SAFE_FASTMATH | {"nnan"}, cache=True)
-def _row_max(s, i, n, scale):
-    """max of s[i, :n] * scale, n >= 1. nnan lets LLVM vectorize the reduction; a NaN in the
-    row still makes the whole row NaN in the exp pass that follows, whatever this returns."""
-    m = s[i, 0] * scale
-    for j in range(1, n):
-        m = max(m, s[i, j] * scale)
-    return m
-
-
-@njit(fastmath=SAFE_FASTMATH, cache=True)
-def row_sum(s, i, n):
-    """sum of s[i, :n] (reassoc lets LLVM vectorize it; BODY_FASTMATH in fastexp.py)."""
-    acc = np.float32(0.0)
-    for j in range(n):
-        acc += s[i, j]
-    return acc
-
-
-@njit(fastmath=BODY_FASTMATH, cache=True)
+@kernel(fastmath=BODY_FASTMATH)
 def _softmax_row(s, lse, i, scale, causal):
     n = _visible(i, s.shape[1], causal)
     for j in range(n, s.shape[1]):
@@ -56,7 +38,7 @@ def _softmax_row(s, lse, i, scale, causal):
     if n == 0:  # a row that sees no key (not one of attention's): no probability anywhere
         lse[i] = -math.inf
         return
-    m = _row_max(s, i, n, scale)
+    m = row_max(s, i, n, scale)
     for j in range(n):  # the exps, then their sum: BODY_FASTMATH (fastexp.py) says why
         s[i, j] = fexp(s[i, j] * scale - m)
     acc = row_sum(s, i, n)
@@ -66,7 +48,7 @@ def _softmax_row(s, lse, i, scale, causal):
     lse[i] = m + math.log(acc)
 
 
-@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
+@kernel(parallel=True, fastmath=SAFE_FASTMATH)
 def softmax_rows(s, lse, scale, causal):
     """s (R, S) float32; lse (R,) gets max + log(sum(exp(s * scale - max)))."""
     if s.size < SERIAL_MAX:
@@ -77,7 +59,7 @@ def softmax_rows(s, lse, scale, causal):
             _softmax_row(s, lse, i, scale, causal)
 
 
-@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
+@kernel(parallel=True, fastmath=SAFE_FASTMATH)
 def probs_t(p, scale, lse, causal):
     """p (BH, S, Q) scores, lse (BH, Q): p <- exp(p * scale - lse[:, None, :]); keys beyond a
     query's causal limit (causal's rows = Q) get 0. One select per value: a loop starting at
@@ -93,7 +75,7 @@ def probs_t(p, scale, lse, causal):
             p[b, k, j] = e if j >= j0 else 0.0
 
 
-@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
+@kernel(parallel=True, fastmath=SAFE_FASTMATH)
 def dscores_t(d, p, delta, scale):
     """d, p (BH, S, Q), delta (BH, Q): d <- (d - delta[:, None, :]) * p * scale."""
     bh, keys, q = d.shape

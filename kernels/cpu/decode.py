@@ -1,8 +1,9 @@
 """Numba decoders: runs of a packed weight's rows (a span of each) -> float32, for every format."""
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..format_ids import INT8
+from . import kernel
 from .prefetch import prefetch_bytes
 from .simd import DECODE
 from .simd_rows import row_run, simd_span
@@ -21,13 +22,13 @@ TILE_CHUNKS = 64
 #   ggml block (0 for the flat formats); block_shift: log2(block_size).
 
 
-@njit(inline="always", cache=True)
+@kernel(inline="always")
 def _u(i):
     """An index as uint64: Numba then skips its negative-index check, and loops vectorize."""
     return np.uint64(i)
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def _absmax(dq, f32, aq, acode, ascale, aoff, b):
     """absmax of block b, undoing the double quantization when the weight has it."""
     if dq:
@@ -35,7 +36,7 @@ def _absmax(dq, f32, aq, acode, ascale, aoff, b):
     return f32[_u(b)]
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def _bnb4_segment(codes, pair, s, lo, hi, out, o):
     """Flat elements [lo, hi) of a 4-bit weight (one absmax s) into out[o:]."""
     i = lo
@@ -53,7 +54,7 @@ def _bnb4_segment(codes, pair, s, lo, hi, out, o):
         out[_u(o + hi - 1 - i)] = pair[codes[_u((hi - 1) >> 1)], 0] * s
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def _blockwise_span(pk, start, count, out, o):
     """Flat elements [start, start+count) of an nf4/fp4/int8 weight into out[o:]. Takes the
     whole tuple: unpacking its arrays at the call site, inside the callers' row loops, cost
@@ -77,7 +78,7 @@ def _blockwise_span(pk, start, count, out, o):
         b += 1
 
 
-@njit(inline="always", cache=True)
+@kernel(inline="always")
 def _prefetch_span(pk, n, k0, k1):
     """Prefetch the packed bytes of W[n, k0:k1] (the codes; scales of flat formats are few)."""
     K = pk[3]
@@ -90,7 +91,7 @@ def _prefetch_span(pk, n, k0, k1):
         prefetch_bytes(pk[4], (n * K + k0) >> 1, (n * K + k1 + 1) >> 1)
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def decode_rows(pk, n0, n1, k0, k1, out, o):
     """W[n0:n1, k0:k1] into out[o:] (row-major, rows k1 - k0 apart) with the SIMD walker; spans
     it cannot take (K, k0 or k1 not a multiple of 32: blockwise formats only, ggml rows are whole
@@ -109,7 +110,7 @@ def decode_rows(pk, n0, n1, k0, k1, out, o):
             _blockwise_span(pk, (n0 + r) * pk[3] + k0, kc, out, o + r * kc)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@kernel(parallel=True, fastmath=True)
 def decode_tile_par(pk, n0, n1, k0, k1, tile):
     """W[n0:n1, k0:k1] into the flat buffer tile (row-major), runs of rows spread over threads."""
     kc = k1 - k0
@@ -120,7 +121,7 @@ def decode_tile_par(pk, n0, n1, k0, k1, tile):
         decode_rows(pk, n0 + r0, n0 + (c + 1) * rows // chunks, k0, k1, tile, r0 * kc)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@kernel(parallel=True, fastmath=True)
 def decode_rows_par(pk, rows, tile):
     """W[rows[i], :] into row i of the flat buffer tile, rows spread over threads."""
     K = pk[3]
@@ -132,7 +133,7 @@ def decode_rows_par(pk, rows, tile):
             _blockwise_span(pk, rows[i] * K, K, tile, i * K)
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def decode_tile(pk, n0, n1, k0, k1, tile):
     """decode_tile_par on the calling thread (small tiles: a parallel region costs more)."""
     decode_rows(pk, n0, n1, k0, k1, tile, 0)

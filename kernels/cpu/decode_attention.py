@@ -10,14 +10,14 @@ calls (batched matmuls, reshapes, the softmax kernel) per layer. A NaN score mak
 output NaN.
 """
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from . import SERIAL_MAX
-from .attention import row_sum
+from . import SERIAL_MAX, kernel
 from .fastexp import BODY_FASTMATH, SAFE_FASTMATH, fexp
+from .row_reduce import row_sum
 
 
-@njit(fastmath=SAFE_FASTMATH, cache=True)
+@kernel(fastmath=SAFE_FASTMATH)
 def _dot(q, k, b, h, s, kv):
     """q[b, h] . k[b, s, kv] (reassoc lets LLVM vectorize it; BODY_FASTMATH in fastexp.py)."""
     acc = np.float32(0.0)
@@ -26,7 +26,7 @@ def _dot(q, k, b, h, s, kv):
     return acc
 
 
-@njit(fastmath=BODY_FASTMATH, cache=True)
+@kernel(fastmath=BODY_FASTMATH)
 def _scores(q, k, valid, masked, scale, b, kv, g, sc):
     """sc (G, S) <- the scores of query heads kv * G .. kv * G + G - 1 (each key read once for
     the G heads); returns each head's largest score (G,)."""
@@ -42,7 +42,7 @@ def _scores(q, k, valid, masked, scale, b, kv, g, sc):
     return m
 
 
-@njit(fastmath=BODY_FASTMATH, cache=True)
+@kernel(fastmath=BODY_FASTMATH)
 def _group(q, k, v, valid, masked, scale, out, t, sc, acc):
     """Task t = b * Hkv + kv: its G query heads into out[b, kv * G: (kv + 1) * G]; sc (G, S)
     and acc (G, D) float32 scratch."""
@@ -67,7 +67,7 @@ def _group(q, k, v, valid, masked, scale, out, t, sc, acc):
             out[b, kv * g + i, j] = acc[i, j]
 
 
-@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
+@kernel(parallel=True, fastmath=SAFE_FASTMATH)
 def one_query(q, k, v, valid, masked, scale, out):
     """q (B, H, D), k and v (B, S, Hkv, D), valid (B, S) bool (read where `masked`), out
     (B, H, D). A task per (row, key/value head); serial below SERIAL_MAX values of keys and

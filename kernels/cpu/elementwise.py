@@ -7,15 +7,13 @@ Arrays are C-contiguous; rows are the flattened leading axes. Inputs under SERIA
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from . import SERIAL_MAX
+from . import SERIAL_MAX, kernel
 from .fastexp import BODY_FASTMATH, SAFE_FASTMATH, fexp, one_like
 
 
-# error_model="numpy": a NaN row divides by NaN (or, with fast-math, by zero) and must give NaN
-# for the callers' finiteness checks, not raise ZeroDivisionError from inside the kernel.
-@njit(fastmath=True, error_model="numpy", cache=True)
+@kernel(fastmath=True)
 def _rmsnorm_row(x, w, eps, y, r, i):
     d = x.shape[1]
     acc = 0.0
@@ -27,7 +25,7 @@ def _rmsnorm_row(x, w, eps, y, r, i):
         y[i, j] = x[i, j] * inv * w[j]
 
 
-@njit(parallel=True, fastmath=True, error_model="numpy", cache=True)
+@kernel(parallel=True, fastmath=True)
 def rmsnorm_fwd(x, w, eps, y, r):
     """x, y: (R, D); w: (D,); r: (R,) gets 1/sqrt(mean(x^2) + eps)."""
     if x.size < SERIAL_MAX:
@@ -38,7 +36,7 @@ def rmsnorm_fwd(x, w, eps, y, r):
             _rmsnorm_row(x, w, eps, y, r, i)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@kernel(parallel=True, fastmath=True)
 def rmsnorm_bwd(g, x, w, r, dx):
     """dx = r * (g*w - xhat * mean(g*w*xhat)), xhat = x * r; all (R, D) except w (D,), r (R,)."""
     rows, d = x.shape
@@ -53,14 +51,14 @@ def rmsnorm_bwd(g, x, w, r, dx):
             dx[i, j] = inv * (g[i, j] * w[j] - xhat * dot)
 
 
-@njit(fastmath=SAFE_FASTMATH, cache=True)
+@kernel(fastmath=SAFE_FASTMATH)
 def _swiglu_row(gate, up, y, i):
     for j in range(gate.shape[1]):
         a = gate[i, j]
         y[i, j] = a / (one_like(a) + fexp(-a)) * up[i, j]
 
 
-@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
+@kernel(parallel=True, fastmath=SAFE_FASTMATH)
 def swiglu_fwd(gate, up, y):
     """y = silu(gate) * up over (R, D)."""
     if gate.size < SERIAL_MAX:
@@ -71,7 +69,7 @@ def swiglu_fwd(gate, up, y):
             _swiglu_row(gate, up, y, i)
 
 
-@njit(parallel=True, fastmath=BODY_FASTMATH, cache=True)
+@kernel(parallel=True, fastmath=BODY_FASTMATH)
 def swiglu_bwd(g, gate, up, dgate, dup, want_gate, want_up):
     rows, d = gate.shape
     for i in prange(rows):
@@ -85,7 +83,7 @@ def swiglu_bwd(g, gate, up, dgate, dup, want_gate, want_up):
                 dup[i, j] = g[i, j] * a * s
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def _rope_position(x, cos, sin, out, sign, bt):
     t, h, d = x.shape[1:]
     half = d // 2
@@ -102,7 +100,7 @@ def _rope_position(x, cos, sin, out, sign, bt):
             out[bi, ti, hi, j + half] = x2 * c + x1 * s
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@kernel(parallel=True, fastmath=True)
 def rope_apply(x, cos, sin, out, sign):
     """Rotate-half RoPE over x (B, T, H, D) with cos/sin (T, D/2), or (B*T, D/2) when each row
     has positions of its own (packed rows); sign=-1 applies the inverse rotation (backward)."""

@@ -9,8 +9,10 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic, overload
+
+from . import kernel
 
 SAFE_FASTMATH = {"contract", "afn", "reassoc", "nsz", "arcp"}
 # Arithmetic in a parallel loop's body leaves reassoc out. Numba keeps two copies of that body:
@@ -18,8 +20,8 @@ SAFE_FASTMATH = {"contract", "afn", "reassoc", "nsz", "arcp"}
 # (optimized again inside the calling function). LLVM's reassociation of an expression need
 # not come out the same the second time, so a run that compiled its kernels and a run that
 # loaded them from the cache differed in the last bit (a third of SwiGLU backward's values,
-# softmax rows). A sum that needs reassoc to vectorize keeps it, in a loop of its own.
-# tests/test_kernel_cache.py checks a training step's bits both ways.
+# softmax rows, decoding's one-query attention). A sum that needs reassoc to vectorize keeps
+# it, in a loop of its own. tests/test_kernel_cache.py checks a training step's bits both ways.
 BODY_FASTMATH = SAFE_FASTMATH - {"reassoc"}
 
 _LOG2E = np.float32(1.4426950408889634)
@@ -39,7 +41,7 @@ def _int_bits_as_f32(typingctx, bits):
     return types.float32(types.int32), codegen
 
 
-@njit(inline="always", fastmath=SAFE_FASTMATH)
+@kernel(inline="always", fastmath=SAFE_FASTMATH)
 def _exp32(x):
     y = _LO if x < _LO else x  # NaN passes both clamps unchanged
     y = _HI if y > _HI else y

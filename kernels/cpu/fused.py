@@ -1,13 +1,14 @@
 """Fused small-batch kernels: decode a few rows of W into a local buffer and multiply at once."""
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from . import kernel
 from .decode import _u, decode_rows
 
 RB = 4  # rows of W decoded together; each x row is loaded once per RB dot products
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def _dot_rows(x, m, buf, K, rows, y, n0):
     """y[m, n0:n0+rows] = buf[:rows] . x[m], four rows at a time."""
     if rows == 4:
@@ -34,7 +35,7 @@ def _dot_rows(x, m, buf, K, rows, y, n0):
             y[m, n0 + r] = acc
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def _fwd_groups(x, pk, N, g0, g1, buf, y):
     """Row groups [g0, g1) of W (RB rows each): decoded once, dotted with every x row."""
     K = x.shape[1]
@@ -46,13 +47,13 @@ def _fwd_groups(x, pk, N, g0, g1, buf, y):
             _dot_rows(x, m, buf, K, rows, y, n0)
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def fused_fwd_serial(x, pk, N, y):
     """y (M, N) = x (M, K) @ W.T on the calling thread."""
     _fwd_groups(x, pk, N, 0, (N + RB - 1) // RB, np.empty(RB * x.shape[1], np.float32), y)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@kernel(parallel=True, fastmath=True)
 def fused_fwd(x, pk, N, tasks, y):
     """y (M, N) = x (M, K) @ W.T; `tasks` chunks of W's rows, each row decoded once."""
     groups = (N + RB - 1) // RB
@@ -62,7 +63,7 @@ def fused_fwd(x, pk, N, tasks, y):
         _fwd_groups(x, pk, N, c * groups // chunks, (c + 1) * groups // chunks, buf, y)
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def _axpy_rows(dy, m, n0, rows, buf, kc, acc):
     """acc[m] += sum_r dy[m, n0 + r] * buf[r]."""
     if rows == 4:
@@ -81,7 +82,7 @@ def _axpy_rows(dy, m, n0, rows, buf, kc, acc):
                 acc[m, _u(k)] += d * buf[_u(r * kc + k)]
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def _axpy_4x4(dy, m0, n0, buf, kc, acc):
     """acc[m0:m0+4] += dy[m0:m0+4, n0:n0+4] @ buf[:4]: each decoded value is loaded once for
     four output rows (a 4x4 register block; one load and store of acc per four FMAs)."""
@@ -101,7 +102,7 @@ def _axpy_4x4(dy, m0, n0, buf, kc, acc):
         a3[_u(k)] += d30 * b0 + d31 * b1 + d32 * b2 + d33 * b3
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def _bwd_block(dy, pk, n0, n1, k0, k1, acc):
     """acc (M, k1 - k0) += dy[:, n0:n1] @ W[n0:n1, k0:k1], RB rows of W decoded at a time."""
     w = k1 - k0
@@ -117,14 +118,14 @@ def _bwd_block(dy, pk, n0, n1, k0, k1, acc):
             _axpy_rows(dy, m, g, rows, buf, w, acc)
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def fused_bwd_serial(dy, pk, K, dx):
     """dx (M, K) = dy (M, N) @ W on the calling thread."""
     dx[:] = 0.0
     _bwd_block(dy, pk, 0, dy.shape[1], 0, K, dx)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@kernel(parallel=True, fastmath=True)
 def fused_bwd(dy, pk, K, tasks, dx):
     """dx (M, K) = dy (M, N) @ W; threads split the rows of W (read front to back), each into
     its own (M, K) accumulator, summed at the end. (Splitting W's columns instead re-reads
@@ -137,7 +138,7 @@ def fused_bwd(dy, pk, K, tasks, dx):
     sum_parts(part, dx)
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def sum_parts(part, out):
     """out (M, K) = the sum of the per-thread accumulators part (chunks, M, K), in place."""
     out[:] = part[0]

@@ -8,9 +8,9 @@ backward, 1536x576 76 / 52 forward and 88 / 66 backward (the backward's per-thre
 are summed at the end). On the workqueue layer every parallel call costs ~0.1 ms more: there
 WORKQUEUE_MIN holds for both (576x1536 at M = 1: 0.1 ms serial, 0.13 ms parallel)."""
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from . import cheap_regions
+from . import cheap_regions, kernel
 from .fused import sum_parts
 from .simd import AXPY, DOT
 from .simd_rows import row_run
@@ -28,21 +28,21 @@ def serial(work, bwd):
     return work < (PARALLEL_MIN_BWD if bwd else PARALLEL_MIN)
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def _dot_rows(xf, pk, M, K, n0, n1, y):
     for n in range(n0, n1):
         for m in range(M):
             y[m, n] = row_run(DOT, pk, n, 0, K, _ONE, xf, m * K)
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def gemv_fwd_serial(x, pk, y):
     """y (M, N) = x (M, K) @ W.T on the calling thread."""
     M, K = x.shape
     _dot_rows(x.reshape(-1), pk, M, K, 0, y.shape[1], y)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@kernel(parallel=True, fastmath=True)
 def gemv_fwd(x, pk, y, tasks):
     """y (M, N) = x (M, K) @ W.T; `tasks` chunks of W's rows spread over the threads."""
     M, K = x.shape
@@ -53,7 +53,7 @@ def gemv_fwd(x, pk, y, tasks):
         _dot_rows(xf, pk, M, K, c * N // chunks, (c + 1) * N // chunks, y)
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def _axpy_rows(dy, pk, K, n0, n1, acc):
     """acc (M * K) += dy[:, n0:n1] @ W[n0:n1]."""
     for n in range(n0, n1):
@@ -61,14 +61,14 @@ def _axpy_rows(dy, pk, K, n0, n1, acc):
             row_run(AXPY, pk, n, 0, K, dy[m, n], acc, m * K)
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def gemv_bwd_serial(dy, pk, dx):
     """dx (M, K) = dy (M, N) @ W on the calling thread."""
     dx[:] = 0.0
     _axpy_rows(dy, pk, dx.shape[1], 0, dy.shape[1], dx.reshape(-1))
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@kernel(parallel=True, fastmath=True)
 def gemv_bwd(dy, pk, dx, tasks):
     """dx (M, K) = dy (M, N) @ W; `tasks` chunks of W's rows, each into its own accumulator,
     summed at the end (tasks x M x K floats)."""

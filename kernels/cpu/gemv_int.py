@@ -7,8 +7,9 @@ Only where the caller allows it (kernels.activations) and the walker takes the w
 chunk's largest value per element (and nf4 / fp4 by their tables' rounding), so training never
 takes this path."""
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from . import kernel
 from .simd_int import XS_STRIDE
 from .simd_rows import row_idot
 
@@ -16,7 +17,7 @@ _Q = np.float32(127.0)
 _BIG = np.float32(3.4e38)
 
 
-@njit(cache=True)
+@kernel()
 def quantize_x(x, xq, xs):
     """x (M, K) -> xq (M, K) int8 and xs (M, K // 32 * XS_STRIDE) float32: per chunk of 32,
     dx = max|x| / 127, xq = round(x / dx), then the sums of the quantized values dx * xq over
@@ -55,7 +56,7 @@ def quantize_x(x, xq, xs):
             xs[m, s + 3] = dx * (lo + hi)
 
 
-@njit(cache=True)
+@kernel()
 def _quantized(x):
     """quantize_x into new buffers. Called from Python, never from a fastmath kernel: Numba
     compiles a callee with its caller's flags, and the NaN checks would fold away."""
@@ -66,7 +67,7 @@ def _quantized(x):
     return xq, xs
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def _rows(pk, xq, xs, n0, n1, y):
     K = pk[3]
     for n in range(n0, n1):
@@ -74,12 +75,12 @@ def _rows(pk, xq, xs, n0, n1, y):
             y[m, n] = row_idot(pk, n, 0, K, xq[m], xs[m])
 
 
-@njit(fastmath=True, cache=True)
+@kernel(fastmath=True)
 def _fwd_serial(pk, xq, xs, y):
     _rows(pk, xq, xs, 0, y.shape[1], y)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@kernel(parallel=True, fastmath=True)
 def _fwd(pk, xq, xs, y, tasks):
     N = y.shape[1]
     chunks = max(1, min(N, tasks))

@@ -6,10 +6,11 @@ Q6_K 4096x11008 in 512x4096 tiles decoded at 3.9 G values/s, whole rows at 10.4.
 n + 1 while row n decodes keeps the next stretch on its way.
 """
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import kernel
 from . import simd_ir as irb
 
 LINE = 64  # bytes per cache line on the hosts packlora runs on (x86-64, arm64)
@@ -36,7 +37,7 @@ def _prefetch(typingctx, arr, index):
     return types.none(arr, index), codegen
 
 
-@njit(inline="always", cache=True)
+@kernel(inline="always")
 def prefetch_bytes(arr, lo, hi):
     """Prefetch the cache lines of arr's bytes [lo, hi) (a uint8 or int8 array)."""
     for at in range(lo, hi, LINE):

@@ -5,9 +5,8 @@ of today's formats are one 32-value chunk per block, so it needs K, k0 and k1 to
 32 (`simd_span`), decode.py keeps the scalar path for the rest. Everything format-specific comes
 in the packed tuple (ops.pack_args), so the walker names no format.
 """
-from numba import njit
 
-from . import simd
+from . import kernel, simd
 from .simd import AXPY, DECODE, DOT, I8
 from .simd_int import make_int_dot
 
@@ -15,13 +14,13 @@ _decode, _dot, _axpy = (simd.make_dispatch(op) for op in (DECODE, DOT, AXPY))
 _idot = make_int_dot()
 
 
-@njit(inline="always", cache=True)
+@kernel(inline="always")
 def simd_span(K, k0, k1):
     """Whether the SIMD walker takes the span [k0, k1) of rows of length K."""
     return K % 32 == 0 and k0 % 32 == 0 and k1 % 32 == 0
 
 
-@njit(inline="always", cache=True)
+@kernel(inline="always")
 def _run(op, kind, pk, cb, nch, g0, sh, a, v, vo):
     if op == DECODE:
         return _decode(kind, pk, cb, nch, g0, sh, a, v, vo)
@@ -30,7 +29,7 @@ def _run(op, kind, pk, cb, nch, g0, sh, a, v, vo):
     return _axpy(kind, pk, cb, nch, g0, sh, a, v, vo)
 
 
-@njit(inline="always", cache=True)
+@kernel(inline="always")
 def _span_start(pk, n, k0):
     """(cb, g0, sh) of W[n, k0:]: the byte its first block starts at, and for a flat format the
     absmax block of its first chunk as g0 and chunks -> blocks as a shift (ggml: 0, 0). The
@@ -43,7 +42,7 @@ def _span_start(pk, n, k0):
     return (start if pk[14] == I8 else start // 2), start // 32, pk[13]
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def row_run(op, pk, n, k0, k1, a, v, vo):
     """Apply `op` to W[n, k0:k1] (simd.py): v[vo:] is the decode target, the x row of a dot
     (the dot's value is returned) or the axpy output (scaled by a)."""
@@ -51,7 +50,7 @@ def row_run(op, pk, n, k0, k1, a, v, vo):
     return _run(op, pk[14], pk, cb, (k1 - k0) // 32, g0, sh, a, v, vo)
 
 
-@njit(inline="always", fastmath=True, cache=True)
+@kernel(inline="always", fastmath=True)
 def row_idot(pk, n, k0, k1, xq, xs):
     """W[n, k0:k1] . x in integers (simd_int.py): xq and xs hold x's chunks from chunk 0, the
     span's from k0 // 32. Only for the chunk kinds of simd_int.INT_KINDS."""

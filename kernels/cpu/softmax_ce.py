@@ -5,28 +5,25 @@ ce_grad_rows: z[i] <- (softmax(z[i]) - onehot(t[i])) * w[i], in place, from the 
 """
 import math
 
-from numba import njit, prange
+import numpy as np
+from numba import prange
 
-from .fastexp import SAFE_FASTMATH, fexp
+from . import kernel
+from .fastexp import BODY_FASTMATH, fexp
+from .row_reduce import row_exp_sum, row_max
 
 
-@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
+@kernel(parallel=True, fastmath=BODY_FASTMATH)
 def ce_rows(z, targets, ignore_index, lse, nll):
     rows, v = z.shape
     for i in prange(rows):
-        m = z[i, 0]
-        for j in range(1, v):
-            if z[i, j] > m:
-                m = z[i, j]
-        acc = 0.0
-        for j in range(v):
-            acc += fexp(z[i, j] - m)
-        lse[i] = m + math.log(acc)
+        m = row_max(z, i, v, np.float32(1.0))
+        lse[i] = m + math.log(row_exp_sum(z, i, v, m))
         t = targets[i]
         nll[i] = 0.0 if t == ignore_index else lse[i] - z[i, t]
 
 
-@njit(parallel=True, fastmath=SAFE_FASTMATH, cache=True)
+@kernel(parallel=True, fastmath=BODY_FASTMATH)
 def ce_grad_rows(z, targets, ignore_index, lse, w):
     rows, v = z.shape
     for i in prange(rows):
