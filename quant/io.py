@@ -4,10 +4,9 @@ import os
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
 from ..errors import QuantError
-from ..fileio import atomic_path
+from ..fileio import save_safetensors
 from .packed import PackedWeight, to_host
 
 META_KEY = "packlora"
@@ -49,8 +48,7 @@ def save_packed(path, tensors, metadata=None):
                              f"{type(value).__name__} ({path})")
     flat, described = _flatten(tensors)
     metadata[META_KEY] = json.dumps(described, sort_keys=True)
-    with atomic_path(path, ".safetensors") as tmp:
-        save_file(flat, tmp, metadata=metadata)
+    save_safetensors(path, flat, metadata)
 
 
 def _read(path):

@@ -1,14 +1,12 @@
 """Export a model (optionally with an adapter merged in) as a Hugging Face folder, float or
 packed, streaming one tensor at a time so peak memory stays near one dense layer."""
-import json
-import struct
 from pathlib import Path
 
 import numpy as np
 
 from .adapters.deltas import AdapterDeltas
 from .errors import ModelError
-from .fileio import atomic_path, write_json
+from .fileio import atomic_path, safetensors_header, write_json
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
 from .models.tensors import EMBEDDING_WEIGHTS, PROJECTIONS, model_tensors
@@ -32,26 +30,18 @@ class StreamingSafetensors:
     """Writes a safetensors file whose header is known up front, one tensor at a time."""
 
     def __init__(self, f, entries, metadata=None):
-        header, offset = {}, 0
-        for name, dtype, shape in entries:
-            size = int(np.prod(shape)) * (4 if dtype == "F32" else 2)
-            header[name] = {"dtype": dtype, "shape": list(shape),
-                            "data_offsets": [offset, offset + size]}
-            offset += size
-        if metadata:
-            header["__metadata__"] = metadata
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)
+        sizes = {"F32": 4, "F16": 2, "BF16": 2}
         self.order = [e[0] for e in entries]
         self.f = f
-        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.write(safetensors_header([(name, dtype, shape, int(np.prod(shape)) * sizes[dtype])
+                                    for name, dtype, shape in entries], metadata))
 
     def write(self, name, array):
         expected = self.order.pop(0)
         if name != expected:
             raise ValueError(f"tensors must be written in header order: got {name}, "
                              f"want {expected}")
-        self.f.write(np.ascontiguousarray(array).tobytes())
+        self.f.write(np.ascontiguousarray(array).data)
 
 
 def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,

@@ -2,11 +2,16 @@
 import contextlib
 import json
 import os
+import struct
 import tempfile
 
 import numpy as np
 from safetensors import safe_open
-from safetensors.numpy import save_file
+
+# safetensors' names for the numpy dtypes (bfloat16 arrives as uint16 bits, named by its writer).
+SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64",
+                      "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64",
+                      "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
 
 
 @contextlib.contextmanager
@@ -70,12 +75,49 @@ def load_safetensors(path):
     return out
 
 
+def safetensors_header(entries, metadata=None):
+    """The bytes before a safetensors file's data: its 8-byte little-endian length, then JSON
+    placing each (name, dtype code, shape, nbytes) entry at consecutive offsets in the order
+    given, padded with spaces to a multiple of 8.
+
+    The metadata's keys are sorted. safetensors' own writer orders them by a hash seeded per
+    process, so two runs that trained the same bits wrote adapter files that differed."""
+    header, offset = {}, 0
+    if metadata:
+        for key, value in metadata.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError(f"safetensors metadata maps str to str, got {key!r}: "
+                                f"{type(value).__name__}")
+        header["__metadata__"] = dict(sorted(metadata.items()))
+    for name, code, shape, nbytes in entries:
+        header[name] = {"dtype": code, "shape": [int(n) for n in shape],
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
 def save_safetensors(path, arrays, metadata=None):
-    """numpy arrays -> a safetensors file, atomically."""
-    with atomic_path(path, ".safetensors") as tmp:
-        save_file({k: _host(v) for k, v in arrays.items()}, tmp, metadata=metadata)
+    """numpy (or cupy) arrays -> a safetensors file, atomically. The same arrays and metadata
+    give the same bytes: the largest items first, then by name (safetensors' own order, which
+    keeps every tensor aligned to its item size), each written from its own buffer."""
+    host = {name: _host(a) for name, a in arrays.items()}
+    names = sorted(host, key=lambda name: (-host[name].dtype.itemsize, name))
+    entries = []
+    for name in names:
+        a = host[name]
+        if a.dtype.name not in SAFETENSORS_DTYPES:
+            raise TypeError(f"{path}: tensor {name!r} has dtype {a.dtype}, which safetensors "
+                            f"does not store")
+        entries.append((name, SAFETENSORS_DTYPES[a.dtype.name], a.shape, a.nbytes))
+    with atomic_path(path, ".safetensors") as tmp, open(tmp, "wb") as f:
+        f.write(safetensors_header(entries, metadata))
+        for name in names:
+            f.write(host[name].data)
 
 
 def _host(a):
-    a = a.get() if hasattr(a, "get") else a
-    return np.ascontiguousarray(a)
+    """A little-endian C-contiguous numpy array of `a` (copied off the GPU if it is there)."""
+    a = a.get() if hasattr(a, "get") else np.asarray(a)
+    return np.require(a, a.dtype.newbyteorder("<"), "C")
