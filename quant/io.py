@@ -2,12 +2,11 @@
 import json
 import os
 
-import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ..errors import QuantError
 from ..fileio import save_safetensors
-from .packed import PackedWeight, to_host
+from .packed import PackedWeight
 
 META_KEY = "packlora"
 
@@ -18,18 +17,19 @@ def _describe(name, pw):
 
 
 def _flatten(tensors):
-    """{file key: numpy array} and the JSON description of the packed tensors."""
+    """{file key: array} (save_safetensors brings each to the host, contiguous) and the JSON
+    description of the packed tensors."""
     flat, described = {}, {}
     for name, value in tensors.items():
         if isinstance(value, PackedWeight):
             described[name] = _describe(name, value)
-            items = {f"{name}.{key}": to_host(buf) for key, buf in value.buffers.items()}
+            items = {f"{name}.{key}": buf for key, buf in value.buffers.items()}
         else:
-            items = {name: to_host(value)}
+            items = {name: value}
         for key, arr in items.items():
             if key in flat:
                 raise QuantError(f"two tensors would be stored under the same key {key!r}")
-            flat[key] = np.ascontiguousarray(arr)
+            flat[key] = arr
     return flat, described
 
 
