@@ -2,7 +2,7 @@
 import json
 from pathlib import Path
 
-from .errors import DataError
+from .errors import ConfigError, DataError
 from .generate import generate_batch
 
 
@@ -32,6 +32,8 @@ def exact_match(model, path, max_new_tokens=64, limit=None, on_item=None, batch_
     Prompts are generated in left-padded batches, with float32 activations: 8-bit ones apply
     to batches of one or two prompts only (kernels/activations.py), and a record's answer must
     not depend on the batch it falls in."""
+    if limit is not None and not (isinstance(limit, int) and limit >= 1):
+        raise ConfigError(f"eval: limit must be a whole number >= 1, or None, got {limit!r}")
     records = read_chat_records(path)[:limit]
     answers = generate_batch(model, [p for p, _ in records], max_new_tokens,
                              batch_size=batch_size, int8_activations=False)

@@ -3,7 +3,7 @@ import numpy as np
 
 from . import kernels
 from .autodiff import without_autodiff
-from .errors import ModelError
+from .errors import ConfigError, ModelError
 from .models.llama import KVCache
 
 
@@ -14,19 +14,49 @@ def _prompt_ids(tok, prompt):
     return tok.encode(prompt, add_special_tokens=True)
 
 
+def check_settings(max_new_tokens, temperature, top_p, top_k, seed, batch_size=1):
+    """One clear error naming the setting, before anything runs: a negative token count, a
+    temperature below 0 or not a number, top_p outside [0, 1], a negative top_k or seed, or a
+    batch size below 1 would otherwise fail deep inside decoding, or sample wrongly."""
+    checks = (("max_new_tokens", max_new_tokens, _whole(max_new_tokens) and max_new_tokens >= 0,
+               "a whole number >= 0"),
+              ("temperature", temperature, _real(temperature) and temperature >= 0.0,
+               "a number >= 0 (0: greedy)"),
+              ("top_p", top_p, _real(top_p) and 0.0 <= top_p <= 1.0, "within [0, 1]"),
+              ("top_k", top_k, _whole(top_k) and top_k >= 0, "a whole number >= 0 (0: off)"),
+              ("seed", seed, seed is None or (_whole(seed) and seed >= 0),
+               "a whole number >= 0, or None"),
+              ("batch_size", batch_size, _whole(batch_size) and batch_size >= 1,
+               "a whole number >= 1"))
+    for name, value, ok, want in checks:
+        if not ok:
+            raise ConfigError(f"generation: {name} must be {want}, got {value!r}")
+
+
+def _whole(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _real(v):
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) \
+        and bool(np.isfinite(v))
+
+
 def _sample(logits, temperature, top_k, top_p, rng):
     """Next token id from (V,) float logits."""
     if temperature <= 0.0:
         return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
+    z = logits.astype(np.float64)
+    z = (z - z.max()) / temperature  # <= 0: a tiny temperature gives -inf, never inf - inf
     if top_k and top_k < z.size:
         kth = np.partition(z, -top_k)[-top_k]
         z = np.where(z < kth, -np.inf, z)
-    p = np.exp(z - z.max())
+    p = np.exp(z)
     p /= p.sum()
     if top_p < 1.0:
         order = np.argsort(-p)
         keep = np.cumsum(p[order]) - p[order] < top_p
+        keep[0] = True  # the most likely token always stays (top_p = 0: greedy)
         mask = np.zeros_like(p, dtype=bool)
         mask[order[keep]] = True
         p = np.where(mask, p, 0.0)
@@ -40,6 +70,7 @@ def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eo
     Returns the new ids of each row (EOS excluded). `int8`: the one-token steps of a batch of
     one or two prompts round x to 8 bits in the packed products (kernels/activations.py), as
     llama.cpp decodes; larger batches keep float32 x."""
+    check_settings(max_new_tokens, temperature, top_p, top_k, seed)
     tok = model.tokenizer
     rng = np.random.default_rng(seed)
     longest = max(len(ids) for ids in id_lists)
@@ -103,7 +134,9 @@ def generate_batch(model, prompts, max_new_tokens=128, temperature=0.0, top_p=1.
     to batches of one or two prompts (see generate)."""
     tok = model.tokenizer
     if tok is None:
-        raise ValueError("this model has no tokenizer; generate_ids() takes token ids")
+        raise ModelError(f"{model.source or 'this model'}: no tokenizer (a folder without "
+                         "tokenizer.json, a GGUF without one): generate_ids() takes token ids")
+    check_settings(max_new_tokens, temperature, top_p, top_k, seed, batch_size)
     stop = [stop] if isinstance(stop, str) else list(stop or ())
     ids = [_prompt_ids(tok, p) for p in prompts]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))

@@ -136,6 +136,55 @@ def test_cli_errors_exit_2(argv, words, capsys):
     assert err.startswith("packlora: error: ") and words in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("extra, words", [
+    (["--max-new-tokens", "-3"], "max_new_tokens must be a whole number >= 0, got -3"),
+    (["--temperature", "-1"], "temperature must be a number >= 0"),
+    (["--temperature", "nan"], "temperature must be a number >= 0"),
+    (["--top-p", "1.5"], "top_p must be within [0, 1], got 1.5"),
+    (["--top-k", "-5"], "top_k must be a whole number >= 0"),
+    (["--seed", "-1"], "seed must be a whole number >= 0"),
+])
+def test_cli_generate_bad_settings_are_one_line(tiny, extra, words, capsys):
+    """Each failed inside decoding (KV cache full, NaN probabilities, a negative seed) or
+    sampled wrongly (top_k -5 masked nothing) before the settings were checked."""
+    argv = ["generate", "--model", str(tiny / "model"), "--quant", "none", "--prompt", "1+1"]
+    assert main(argv + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("packlora: error: generation: ") and words in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["eval", "--limit", "0"], "limit must be a whole number >= 1, or None, got 0"),
+    (["eval", "--limit", "-1"], "limit must be a whole number >= 1"),
+    (["eval", "--max-new-tokens", "-2"], "max_new_tokens must be a whole number >= 0"),
+    (["memory-report", "--measure", "--steps", "0"], "steps must be a whole number >= 1"),
+    (["memory-report", "--ranks", "0"], "ranks must be a whole number >= 1, got 0"),
+])
+def test_cli_eval_and_report_bad_counts_are_one_line(tiny, argv, words, capsys):
+    """eval --limit 0 divided by zero and --limit -1 left out the last record; memory-report
+    --steps 0 printed a "measured" column of no steps; --ranks 0 blamed the batch size."""
+    if argv[0] == "eval":
+        argv = argv + ["--model", str(tiny / "model"), "--data", str(tiny / "train.jsonl")]
+    else:
+        argv = argv[:1] + [str(ROOT / "configs" / "smollm2-demo.yaml")] + argv[1:]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("packlora: error: ") and words in err and err.count("\n") == 1
+
+
+def test_cli_model_without_tokenizer_is_one_line(tiny, tmp_path, capsys):
+    """generate and eval raised a ValueError, reported as a bug."""
+    folder = tmp_path / "no-tokenizer"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes((tiny / "model" / name).read_bytes())
+    for argv in (["generate", "--prompt", "x"], ["eval", "--data", str(tiny / "train.jsonl")]):
+        assert main(argv + ["--model", str(folder), "--quant", "none"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"packlora: error: {folder}: no tokenizer") and err.count("\n") == 1
+
+
 def test_cli_missing_adapter_and_bad_data(tiny, capsys):
     assert main(["generate", "--model", str(tiny / "model"), "--adapter", str(tiny),
                  "--prompt", "x"]) == 2

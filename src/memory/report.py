@@ -23,6 +23,9 @@ def mib(n):
 def report_dict(config, overrides=(), measure=False, steps=2, ranks=1):
     """The JSON contract: {"run", "plan", "dense_alternatives"[, "measured"]}; with ranks > 1
     the plan of one rank of a data-parallel run."""
+    for name, value in (("ranks", ranks), ("steps", steps if measure else 1)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ConfigError(f"memory-report: {name} must be a whole number >= 1, got {value!r}")
     if measure:
         if ranks > 1:
             raise ConfigError("--measure runs one process; measure a data-parallel run by "
