@@ -36,13 +36,19 @@ _POOLS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_N
 _LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
 
 
+def local_ranks():
+    """How many ranks of an MPI-launched run share this machine, as the launcher says (1
+    without one)."""
+    return next((int(v) for k in _LOCAL_RANKS if (v := os.environ.get(k, "")).isdigit()), 1)
+
+
 def _set_threads():
     forced = os.environ.get("PACKLORA_THREADS", "")
     if forced.isdigit() and int(forced) > 0:
         for var in _POOLS:
             os.environ[var] = forced
         return
-    local = next((int(v) for k in _LOCAL_RANKS if (v := os.environ.get(k, "")).isdigit()), 1)
+    local = local_ranks()
     if local > 1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)

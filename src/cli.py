@@ -17,12 +17,13 @@ from .gguf_out.adapter import OUTTYPES, export_gguf_adapter
 from .gguf_out.merge import TARGETS as GGUF_TARGETS
 from .gguf_out.merge import merge_to_gguf
 from .inspect_model import inspect_report
+from .memory.fit import check_fits
 from .memory.report import run_memory_report
 from .models import load_model
 from .quant import FORMATS
 from .quant.presets import PRESETS
 from .training import finetune
-from .training.distributed import World
+from .training.distributed import World, launched_ranks
 
 # The formats --quant takes, the QLoRA default first, as the registry lists them.
 _QUANT_HELP = ", ".join(f"{f} (default)" if f == "nf4" else f
@@ -31,6 +32,8 @@ _DEBUG_HELP = "print the full traceback of an unexpected error"
 
 
 def _cmd_finetune(a):
+    if not a.no_memory_check:  # before anything loads: a run that cannot fit is killed mid-way
+        check_fits(a.config, a.overrides, ranks=launched_ranks())
     res = finetune(a.config, a.overrides, progress=not a.quiet)
     last = res.history[-1] if res.history else {}
     print(json.dumps({"output_dir": str(res.output_dir), "steps": len(res.history),
@@ -101,6 +104,8 @@ def _finetune_args(p):
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="start even where the run's planned RAM exceeds what is available")
 
 
 def _memory_report_args(p):

@@ -4,11 +4,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import model_factory as mf
 import numpy as np
 import pytest
 from packlora import cli
+from packlora.memory import fit
 from packlora.cli import main
 from packlora.config import load_config
 from packlora.generate import generate
@@ -63,6 +65,27 @@ output_dir: {out}
     assert main(["finetune", str(cfg), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("packlora: error: ") and "already holds a run" in err
+
+
+def test_cli_finetune_refuses_a_run_that_cannot_fit(tiny, tmp_path, monkeypatch, capsys):
+    """A batch of 1,000 SmolLM2 rows (84 GiB planned) started on a 23 GiB machine and grew to
+    23.2 GiB of RSS before this check; now the plan is compared before anything loads."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {tiny / 'model'}\ndata: {{train: {tiny / 'train.jsonl'}}}\n"
+                   f"output_dir: {tmp_path / 'run'}\n")
+    monkeypatch.setattr(fit, "available_ram", lambda: 1 << 20)  # 1 MiB left
+    ran = []
+    monkeypatch.setattr(cli, "finetune", lambda *a, **k: ran.append(a) or SimpleNamespace(
+        history=[], output_dir=tmp_path / "run"))
+    assert main(["finetune", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("packlora: error: this run plans ") and err.count("\n") == 1
+    assert "MiB of RAM at its peak and 1 MiB are available" in err
+    assert "train.grad_checkpointing: true (plans " in err and "--no-memory-check" in err
+    assert not ran and not (tmp_path / "run").exists()  # refused before anything ran
+    assert main(["finetune", str(cfg), "--no-memory-check"]) == 0 and len(ran) == 1
+    monkeypatch.setattr(fit, "available_ram", lambda: 1 << 40)
+    assert main(["finetune", str(cfg)]) == 0 and len(ran) == 2
 
 
 def test_cli_finetune_bad_override(tiny, tmp_path, capsys):
