@@ -69,8 +69,7 @@ def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eo
     """Generate after each prompt in `id_lists` together: one left-padded batch, one KV cache.
     Returns the new ids of each row (EOS excluded). `int8`: the one-token steps of a batch of
     one or two prompts round x to 8 bits in the packed products (kernels/activations.py), as
-    llama.cpp decodes; larger batches keep float32 x."""
-    check_settings(max_new_tokens, temperature, top_p, top_k, seed)
+    llama.cpp decodes; larger batches keep float32 x. Its callers check the settings."""
     tok = model.tokenizer
     rng = np.random.default_rng(seed)
     longest = max(len(ids) for ids in id_lists)
@@ -123,6 +122,7 @@ def generate_ids(model, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top
     """Generated token ids after the prompt ids (a list), stopping at EOS or a stop string.
     int8_activations=False keeps float32 x in every product (slower, the training forward's
     numbers)."""
+    check_settings(max_new_tokens, temperature, top_p, top_k, seed)
     return _decode(model, [list(ids)], max_new_tokens, temperature, top_p, top_k, seed,
                    set(eos_ids), list(stop), int8_activations)[0]
 

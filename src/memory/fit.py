@@ -44,24 +44,24 @@ def check_fits(config, overrides=(), ranks=1):
     """ConfigError, naming the numbers and the ways out, when a CPU run's planned peak (times
     the ranks that share this machine) exceeds the RAM available; the plan otherwise."""
     rep = plan(config, overrides, ranks=ranks)
+    if not rep["run"]["device"].startswith("cpu"):
+        return rep
     have = available_ram()
-    if have is None or not rep["run"]["device"].startswith("cpu"):
-        return rep
     here = local_ranks() if ranks > 1 else 1
-    peak = rep["plan"]["peak_bytes"]
-    if peak * here <= have:
+    need = rep["plan"]["peak_bytes"] * here
+    if have is None or need <= have:
         return rep
-    mode = rep["plan"]["checkpointing"]
-    ways = "lower train.batch_size or data.max_seq_len"
+    ways = "Lower train.batch_size or data.max_seq_len"
     if not rep["run"]["grad_checkpointing"]:
-        ways += (f", or set train.grad_checkpointing: true (plans "
-                 f"{_mib(mode['on']['peak_bytes'] * here)} MiB)")
+        on = rep["plan"]["checkpointing"]["on"]["peak_bytes"] * here
+        ways += f", or set train.grad_checkpointing: true (plans {_mib(on)} MiB)"
     ranks_here = f" ({here} ranks on this machine)" if here > 1 else ""
-    raise ConfigError(f"this run plans {_mib(peak * here)} MiB of RAM at its peak{ranks_here} "
-                      f"and {_mib(have)} MiB are available: it would be killed for memory. "
-                      f"{ways[0].upper()}{ways[1:]}; `packlora memory-report` shows where it "
-                      "goes; --no-memory-check runs it anyway")
+    raise ConfigError(f"this run plans {_mib(need)} MiB of RAM at its peak{ranks_here} and "
+                      f"{_mib(have)} MiB are available: it would be killed for memory. {ways}; "
+                      "`packlora memory-report` shows where it goes; --no-memory-check runs it "
+                      "anyway")
 
 
 def _mib(n):
+    """Whole MiB for a one-line error (the report's tables keep one decimal: report.mib)."""
     return f"{n / 2**20:,.0f}"
