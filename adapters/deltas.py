@@ -49,6 +49,27 @@ class AdapterDeltas:
         alpha = pattern_value(path, self.lora.alpha_pattern, self.lora.alpha)
         return lora_scale(alpha, rank, self.lora.use_rslora)
 
+    def check_mergeable(self, source):
+        """ModelError unless the adapter holds LoRA / DoRA weights alone, each fitting `source`."""
+        if self.other:
+            raise ModelError(f"{self.path}: {self.other[0]!r} is not a LoRA or DoRA weight of a "
+                             "linear layer (it is a trained embedding or head, or an embedding "
+                             "LoRA), and packlora merges and exports only those")
+        self.check_shapes(source)
+
+    def check_shapes(self, source):
+        """ModelError unless every adapted module is a weight of the model source `source` with
+        the (out, in) shape lora_B @ lora_A makes: an adapter of another model is refused."""
+        names = set(source.names())
+        for path, (a, b, _) in sorted(self.modules.items()):
+            if f"{path}.weight" not in names:
+                raise ModelError(f"{self.path}: the adapter has weights for {path!r}, which "
+                                 f"{source.path} does not have: not this adapter's base")
+            shape = tuple(source.shape(f"{path}.weight"))
+            if shape != (b.shape[0], a.shape[1]):
+                raise ModelError(f"{self.path}: {path} adapts a ({b.shape[0]}, {a.shape[1]}) "
+                                 f"weight, {source.path} has {shape}: not this adapter's base")
+
     def check_base(self, identity):
         """Warn when `identity` is not the base the adapter recorded (peft_io.check_base)."""
         check_base(self.path, identity, self.recorded)

@@ -6,7 +6,8 @@ import numpy as np
 
 from .adapters.deltas import AdapterDeltas
 from .errors import ModelError
-from .fileio import atomic_path, safetensors_header, write_json
+from .fileio import atomic_folder, atomic_path, safetensors_header, write_json
+from .models.identity import base_identity
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
 from .models.tensors import EMBEDDING_WEIGHTS, PROJECTIONS, model_tensors
@@ -49,32 +50,41 @@ def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
     """Write `source` (+ merged adapter) to out_dir: config.json, tokenizer, and either
     model.safetensors in `dtype` or, with `quantize` set, model.packed.safetensors.
     base_mode: what float linear weights take the adapter on, "float" (W: PEFT's merge) or
-    "quantized" (deq(Q(W)), what the adapter was trained against; LoftQ's default)."""
+    "quantized" (deq(Q(W)), what the adapter was trained against; LoftQ's default).
+    The folder appears under its name only when complete; an existing one is refused."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    out = check_new_folder(out_dir)
     src = open_source(resolve_source(source))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     delta = AdapterDeltas(adapter) if adapter else None
-    as_trained = delta is not None and delta.base_mode(base_mode) == "quantized"
     names = sorted(src.names())
-    if quantize:
-        _write_packed(src, names, out, delta, quantize, block_size, double_quant, as_trained)
-    else:
-        _write_dense(src, names, out, delta, dtype, as_trained)
     if delta is not None:
-        missing = sorted(set(delta.modules) - {n.removesuffix(".weight") for n in names})
-        if missing or delta.other:
-            raise ModelError(f"{adapter}: adapter weights for modules the model lacks: "
-                             f"{(missing or delta.other)[:3]}")
-    hf_cfg = src.config.to_hf_dict()
-    if not quantize:
-        hf_cfg["torch_dtype"] = dtype  # what model.safetensors holds
-    write_json(out / "config.json", hf_cfg)
-    tok = src.tokenizer
-    if tok is not None:
-        tok.save(out)
+        delta.check_mergeable(src)
+        delta.check_base(base_identity(source, src.path, None))  # shapes fit: is it its base?
+    as_trained = delta is not None and delta.base_mode(base_mode) == "quantized"
+    with atomic_folder(out) as tmp:
+        tmp = Path(tmp)
+        if quantize:
+            _write_packed(src, names, tmp, delta, quantize, block_size, double_quant, as_trained)
+        else:
+            _write_dense(src, names, tmp, delta, dtype, as_trained)
+        hf_cfg = src.config.to_hf_dict()
+        if not quantize:
+            hf_cfg["torch_dtype"] = dtype  # what model.safetensors holds
+        write_json(tmp / "config.json", hf_cfg)
+        if src.tokenizer is not None:
+            src.tokenizer.save(tmp)
     return out
+
+
+def check_new_folder(path) -> Path:
+    """The output folder, refused when it is a file or a folder with anything in it: a model
+    folder (the source's own, an earlier export) is never overwritten or mixed with another's
+    files."""
+    path = Path(path)
+    if path.is_file() or (path.is_dir() and any(path.iterdir())):
+        raise ModelError(f"{path}: the output exists; remove it or choose another output folder")
+    return path
 
 
 def _float_tensor(src, name, delta, as_trained=False):

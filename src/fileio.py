@@ -1,7 +1,9 @@
-"""Atomic file writes: temp file in the same folder, fsync, rename — a crash leaves the old file."""
+"""Atomic file writes: temp file in the same folder, fsync, rename — a crash leaves the old file.
+What appears under the user's name gets the mode any new file of theirs would (the umask's)."""
 import contextlib
 import json
 import os
+import shutil
 import struct
 import tempfile
 
@@ -21,12 +23,13 @@ def atomic_path(path, suffix=""):
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)  # mode 0600
     os.close(fd)
     try:
         yield tmp
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
         _fsync_dir(folder)
     except OSError as e:  # name the file the user knows, not the temp file
@@ -37,6 +40,36 @@ def atomic_path(path, suffix=""):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_folder(path):
+    """Yields a temp folder next to `path` to fill (its files written atomically); on success it
+    is renamed to `path`, which must not exist or be an empty folder. On any error the temp
+    folder is removed and `path` is untouched. Errors name `path`, not the temp folder."""
+    path = os.path.abspath(os.fspath(path))
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)  # mode 0700
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
+        os.replace(tmp, path)
+        _fsync_dir(parent)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        name = e.filename if isinstance(e.filename, str) else path
+        raise OSError(e.errno, e.strerror or str(e), name.replace(tmp, path, 1)) from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _umask():
+    """The process's umask (read by setting it; the most private one meanwhile)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(folder):

@@ -11,6 +11,7 @@ from packlora import Device, without_autodiff
 from packlora.adapters import apply_lora, save_adapter
 from packlora.cli import main
 from packlora.errors import ModelError
+from packlora import export
 from packlora.export import export_model
 from packlora.models import load_model
 from packlora.nn import PackedLinear
@@ -161,3 +162,41 @@ def test_merge_smollm2_gguf(tmp_path):
         a, b = model(ids).numpy()[0, -1], merged(ids).numpy()[0, -1]
     assert a.argmax() == b.argmax()
     assert np.corrcoef(a, b)[0, 1] > 0.999
+
+
+def test_merge_and_quantize_never_write_over_a_folder(hf, tmp_path, capsys):
+    """Merging into the base's own folder (or any folder with files) would replace the base or
+    mix two models' files (a stale model.packed.safetensors wins on load): refused, one line."""
+    _adapted(hf, tmp_path / "ad")
+    before = {p.name: p.read_bytes() for p in hf.iterdir()}
+    merge = ["merge", "--model", str(hf), "--adapter", str(tmp_path / "ad"), "--out", str(hf)]
+    for argv in (merge, merge + ["--quantize", "nf4"], ["quantize", str(hf), str(hf)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{hf}: the output exists" in err
+    assert {p.name: p.read_bytes() for p in hf.iterdir()} == before
+    (tmp_path / "empty").mkdir()
+    assert main(["quantize", str(hf), str(tmp_path / "empty"), "--format", "q8_0"]) == 0
+    assert (tmp_path / "empty" / "model.packed.safetensors").is_file()
+
+
+def test_a_merge_that_fails_leaves_no_folder(hf, tmp_path, monkeypatch):
+    _adapted(hf, tmp_path / "ad")
+    with monkeypatch.context() as m:
+        m.setattr(mf, "INTER", 2 * mf.INTER)  # same names, wider MLP
+        wide = mf.tiny_chat_model(tmp_path / "wide")
+    with pytest.raises(ModelError, match=r"mlp.down_proj adapts a \(64, 96\) weight, .*wide has "
+                                         r"\(64, 192\): not this adapter's base"):
+        export_model(wide, tmp_path / "out", adapter=tmp_path / "ad")
+    written = []
+
+    def interrupted(a, dtype):  # Ctrl-C (or SIGTERM, which the CLI turns into it) mid-merge
+        if len(written) == 3:
+            raise KeyboardInterrupt
+        written.append(a)
+        return np.ascontiguousarray(a, np.float32)
+
+    monkeypatch.setattr(export, "_to_dtype", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_model(hf, tmp_path / "out", adapter=tmp_path / "ad")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ad", "wide"]

@@ -41,23 +41,16 @@ def _refuse_unrepresentable(deltas, adapter):
         raise ModelError(f"{adapter}: a DoRA adapter (lora_magnitude_vector) has no llama.cpp "
                          "adapter form; merge it instead: packlora merge --model M --adapter "
                          f"{adapter} --out model.gguf")
-    if deltas.other:
-        raise ModelError(f"{adapter}: {deltas.other[0]!r} is not a LoRA weight of a linear "
-                         "layer (a trained embedding or head, or an embedding LoRA), which "
-                         "packlora does not export; merge the adapter instead")
     if not deltas.modules:
         raise ModelError(f"{adapter}: the adapter holds no lora_A / lora_B tensors")
 
 
 def adapter_tensors(deltas, base, alpha):
     """[(ggml name, float32 array)] of the adapter in llama.cpp's form."""
+    deltas.check_mergeable(base.source)
     out = []
     for path, (a, b, _) in sorted(deltas.modules.items()):
         hf = f"{path}.weight"
-        shape = base.shape(hf)
-        if (b.shape[0], a.shape[1]) != shape:
-            raise ModelError(f"{deltas.path}: {path} adapts a ({b.shape[0]}, {a.shape[1]}) "
-                             f"weight, but {base.path} has {shape}: not this adapter's base")
         ratio = deltas.scale(path) / llama_cpp_scale(alpha, a.shape[0])
         b_out = b if ratio == 1.0 else (b * np.float32(ratio)).astype(np.float32)
         rows = base.gguf_rows(hf, b.shape[0])

@@ -105,16 +105,7 @@ def _hf_order(name):
     return rank, layer or 0, name
 
 
-def _check_jobs(jobs, deltas):
-    sizes = {j.hf.removesuffix(".weight"): j.shape for j in jobs if j.hf}
-    for path, (a, b, _) in deltas.modules.items():
-        want = sizes.get(path)
-        if want is None:
-            raise ModelError(f"{deltas.path}: the adapter has weights for {path!r}, which the "
-                             "base does not have: not this adapter's base")
-        if want != (b.shape[0], a.shape[1]):
-            raise ModelError(f"{deltas.path}: {path} adapts a ({b.shape[0]}, {a.shape[1]}) "
-                             f"weight, the base's is {want}: not this adapter's base")
+def _check_jobs(jobs):
     for j in jobs:
         if j.copy:
             continue
@@ -139,13 +130,11 @@ def merge_to_gguf(model, adapter, out, quantize_to=None, base_mode=None):
     base = BaseLayout.open(model)
     deltas = AdapterDeltas(adapter)
     mode = deltas.base_mode(base_mode)
-    if deltas.other:
-        raise ModelError(f"{adapter}: tensors other than LoRA/DoRA weights ({deltas.other[0]!r})"
-                         " are not merged; the adapter is not one packlora wrote")
     if base.gguf is None and quantize_to is None:
         quantize_to = "f16"
+    deltas.check_mergeable(base.source)
     jobs = _plan_jobs(base, deltas, quantize_to, mode)
-    _check_jobs(jobs, deltas)
+    _check_jobs(jobs)
     deltas.check_base(base_identity(model, base.path, None))  # shapes fit: is it its base?
     kv = gguf_base_kv(base.gguf) if base.gguf else hf_base_kv(base, model)
     kv = file_type_kv(kv, quantize_to) if quantize_to is not None else kv
