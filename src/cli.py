@@ -10,7 +10,7 @@ from .adapters import load_adapter
 from .adapters.deltas import BASES
 from .device import Device
 from .errors import PackloraError
-from .evaluate import exact_match
+from .evaluate import exact_match, read_chat_records
 from .export import export_model
 from .generate import generate
 from .gguf_out.adapter import OUTTYPES, export_gguf_adapter
@@ -57,10 +57,11 @@ def _cmd_generate(a):
 
 
 def _cmd_eval(a):
+    records = read_chat_records(a.data)  # the data's errors before a model loads
     model = _load(a)
     show = (lambda got, want, ok: print(("OK  " if ok else "BAD ") + got, flush=True)) \
         if a.verbose else None
-    print(json.dumps(exact_match(model, a.data, a.max_new_tokens, a.limit, show)))
+    print(json.dumps(exact_match(model, records, a.max_new_tokens, a.limit, show)))
 
 
 def _cmd_merge(a):

@@ -218,6 +218,32 @@ def test_cli_missing_adapter_and_bad_data(tiny, capsys):
     assert f"{bad}:1:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("line, words", [
+    (b'\xff{"messages": []}', ":1: not valid UTF-8"),
+    (b'{"messages": ["hi", "there"]}', ":1: messages[0] must be an object"),
+    (b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]}',
+     ":1: messages[1] must be an object with 'role' and 'content'"),
+    (b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": 5}]}',
+     ":1: messages[1].content must be a string, got int"),
+    (b'{"messages": [{"role": "user", "content": ["x"]}, {"role": "assistant", "content": "5"}]}',
+     ":1: messages[0].content must be a string, got list"),
+    (b'{"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "5"}]}',
+     ":1: messages[0].role must be one of"),
+    (b'{"prompt": "2+2=", "completion": "4"}', ":1: eval scores chat or alpaca records"),
+    (None, ": a folder, not a JSONL file"),
+], ids=["utf8", "strings", "no-content", "int", "list", "role", "completion", "folder"])
+def test_cli_eval_bad_records_are_one_line(tiny, tmp_path, line, words, capsys):
+    """Each was an internal error ("this is a bug") after the model had loaded."""
+    data = tmp_path / "test.jsonl"
+    if line is None:
+        data.mkdir()
+    else:
+        data.write_bytes(line + b"\n")
+    assert main(["eval", "--model", str(tiny / "model"), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"packlora: error: {data}{words}") and err.count("\n") == 1
+
+
 def test_cli_file_system_error_is_reported(tiny, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")

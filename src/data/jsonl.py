@@ -12,6 +12,8 @@ def read_jsonl(path, name: str | None = None) -> Iterator[tuple[str, dict]]:
     """Yield (`name:line`, record) for every non-blank line; each record must be an object."""
     name = name or str(path)
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{name}: a folder, not a JSONL file")
     if not p.is_file():
         raise DataError(f"{name}: dataset file not found")
     with p.open("r", encoding="utf-8") as f:
