@@ -219,6 +219,7 @@ def test_llama2_7b_qlora_plan(tmp_path):
 def test_gguf_header_keeps_stored_formats(tmp_path):
     from model_factory import HEADS, HIDDEN, INTER, KV_HEADS, LAYERS, VOCAB, write_gguf
     from packlora.models.gguf_file import open_gguf
+    from packlora.models.sources import open_source
     path, _ = write_gguf(tmp_path / "m.gguf", "llama", "Q4_1")
     cats = mem_plan(str(path))["plan"]["categories"]
     d, hd = HIDDEN, HIDDEN // HEADS
@@ -230,6 +231,12 @@ def test_gguf_header_keeps_stored_formats(tmp_path):
     stored = sum(f.tensor(n)[2].nbytes for n in ("token_embd.weight", "output.weight"))
     assert cats["base_other"] == stored + (2 * LAYERS + 1) * d * 4
     assert stored == 2 * hand_packed("q4_1", VOCAB, d, 32, False)
+    # a GPU plan prices the fused kernels' partial sums by the stored blocks (it raised TypeError:
+    # the GGUF's specs named no block size)
+    held = open_source(path).stored_tensors()
+    assert {spec.block_size for spec in held.values() if spec.packed} == {32}
+    gpu = mem_plan(str(path), ["device=cuda"])["plan"]["categories"]
+    assert gpu["base_packed"] == cats["base_packed"] and gpu["dense_scratch"] > 0
 
 
 # -- measured ---------------------------------------------------------------------------------

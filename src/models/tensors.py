@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from ..config_coerce import quant_config
 from ..quant import packed_nbytes
+from ..quant.formats import resolve_block_size
 from ..quant.presets import PRESETS, preset_format
 from ..quant.registry import DOUBLE_QUANT_FORMATS, GGML_ROWS, REGISTRY
 
@@ -28,6 +29,10 @@ class TensorSpec:
     block_size: int | None = None
     double_quant: bool = False
     category: str = "base_other"  # the memory category load_model tracks it under
+
+    def __post_init__(self):  # a packed spec names its block size, as its PackedWeight would
+        if self.format is not None and self.block_size is None:
+            object.__setattr__(self, "block_size", resolve_block_size(self.format, None))
 
     @property
     def packed(self) -> bool:
