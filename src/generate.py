@@ -73,6 +73,7 @@ def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eo
     tok = model.tokenizer
     rng = np.random.default_rng(seed)
     longest = max(len(ids) for ids in id_lists)
+    max_new_tokens = _room(model, longest, max_new_tokens)
     pad_id = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0
     pad = np.array([longest - len(ids) for ids in id_lists])
     batch = np.array([[pad_id] * p + list(ids) for p, ids in zip(pad, id_lists)], dtype=np.int64)
@@ -84,6 +85,17 @@ def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eo
         _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, top_p, top_k,
                      rng, eos_ids, stop, pad_id)
     return outs
+
+
+def _room(model, longest, max_new_tokens):
+    """New tokens that fit the model's context (max_position_embeddings) after the prompt: a
+    longer request stops at the end of the context, as llama.cpp does; a longer prompt is an
+    error (its positions would be ones the model never saw)."""
+    context = model.config.max_position_embeddings
+    if longest > context:
+        raise ModelError(f"generation: a prompt of {longest} tokens is longer than the context "
+                         f"of {model.source or 'the model'} ({context} positions)")
+    return min(max_new_tokens, context - longest)
 
 
 def _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, top_p, top_k,

@@ -13,7 +13,7 @@ from packlora import cli
 from packlora.memory import fit
 from packlora.cli import main
 from packlora.config import load_config
-from packlora.generate import generate
+from packlora.generate import generate, generate_ids
 from packlora.models import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,6 +194,36 @@ def test_cli_eval_and_report_bad_counts_are_one_line(tiny, argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("packlora: error: ") and words in err and err.count("\n") == 1
+
+
+def test_generation_and_training_know_the_context(tiny, tmp_path, capsys):
+    """--max-new-tokens 100000000 allocated a KV cache for all of them (MemoryError, reported as
+    a bug); a prompt longer than the context generated from positions the model never saw, and
+    training on longer rows said nothing."""
+    folder = tmp_path / "short"
+    folder.mkdir()
+    for f in (tiny / "model").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(cfg, max_position_embeddings=16)))
+    model = load_model(folder, quant="none")
+    assert len(generate_ids(model, [5, 6, 7], max_new_tokens=10**8)) == 16 - 3
+    assert main(["generate", "--model", str(folder), "--prompt", "1+2 " * 10]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("packlora: error: generation: a prompt of ") and err.count("\n") == 1
+    assert f"longer than the context of {folder} (16 positions)" in err
+    run = tmp_path / "run.yaml"
+    run.write_text(f"""
+model: {folder}
+lora: {{rank: 2, alpha: 4, targets: [q_proj]}}
+data: {{train: {tiny / 'train.jsonl'}, max_seq_len: 48}}
+train: {{max_steps: 1, batch_size: 2, lr: 1.0e-3}}
+output_dir: {tmp_path / 'out'}
+""")
+    assert main(["finetune", str(run), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("packlora: warning: data: rows of up to ") and err.count("\n") == 1
+    assert f"longer than the context of {folder} (16 positions)" in err
 
 
 def test_cli_model_without_tokenizer_is_one_line(tiny, tmp_path, capsys):

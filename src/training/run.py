@@ -1,6 +1,7 @@
 """finetune: one RunConfig (or YAML path) -> a trained adapter in output_dir."""
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +80,7 @@ def _finetune(cfg, progress, world):
         device.seed(int(np.random.SeedSequence([cfg.train.seed, world.rank]).generate_state(1)[0]))
     train_ex, valid_ex, stats = build_datasets(cfg.data, model.tokenizer, cfg.train.seed)
     if main:
+        _warn_past_context(cfg.model, model.config.max_position_embeddings, train_ex, valid_ex)
         write_text(out / "run_config.yaml", cfg.to_yaml())
     if progress and main:
         ranks = f" on {world.size} ranks" if world.size > 1 else ""
@@ -89,6 +91,16 @@ def _finetune(cfg, progress, world):
     if main:
         _save_final(model, out)
     return FinetuneResult(model, history, out, stats)
+
+
+def _warn_past_context(name, context, *sets):
+    """Rows longer than the base's context train it on positions it never saw: a context
+    extension, if meant; otherwise a data.max_seq_len set too high."""
+    longest = max((len(ex) for rows in sets if rows for ex in rows), default=0)
+    if longest > context:
+        warnings.warn(f"data: rows of up to {longest} tokens are longer than the context of "
+                      f"{name} ({context} positions); set data.max_seq_len: {context} unless "
+                      "the run is meant to extend the context", stacklevel=2)
 
 
 def _save_final(model, out):
