@@ -253,8 +253,8 @@ def _run(argv):
     except (PackloraError, OSError) as e:  # OSError: a full disk, a path that is a file, ...
         print(f"packlora: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("packlora: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM: what the run keeps, when it says
+        print("packlora: interrupted" + (f"; {e}" if e.args else ""), file=sys.stderr)
         return 130
     except Exception as e:  # not one of ours: a bug; one line unless --debug
         if args.debug:

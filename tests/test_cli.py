@@ -15,6 +15,7 @@ from packlora.cli import main
 from packlora.config import load_config
 from packlora.generate import generate, generate_ids
 from packlora.models import load_model
+from packlora.training import run
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOL = "smollm2-135m-instruct"
@@ -65,6 +66,35 @@ output_dir: {out}
     assert main(["finetune", str(cfg), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("packlora: error: ") and "already holds a run" in err
+
+
+@pytest.mark.parametrize("save_every", [2, 0])
+def test_cli_finetune_interrupted_says_what_it_keeps(tiny, tmp_path, monkeypatch, capsys,
+                                                     save_every):
+    """Ctrl-C (or SIGTERM, turned into it) at the end of a run: the newest checkpoint and how to
+    continue, or that nothing was kept."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"""
+model: {tiny / 'model'}
+lora: {{rank: 2, alpha: 4, targets: [q_proj]}}
+data: {{train: {tiny / 'train.jsonl'}, max_seq_len: 48}}
+train: {{max_steps: 3, batch_size: 2, lr: 1.0e-3, save_every: {save_every}}}
+output_dir: {tmp_path / 'out'}
+""")
+
+    def interrupt(model, out):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "_save_final", interrupt)
+    assert main(["finetune", str(cfg), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    if save_every:
+        newest = tmp_path / "out" / "checkpoints" / "step-3"  # the last step saves too
+        assert err == (f"packlora: interrupted; {newest} holds the run up to step 3; the same "
+                       "command with resume=auto continues it\n")
+    else:
+        assert err.startswith("packlora: interrupted; no checkpoint was written yet")
 
 
 def test_cli_finetune_refuses_a_run_that_cannot_fit(tiny, tmp_path, monkeypatch, capsys):

@@ -87,6 +87,16 @@ def list_checkpoints(output_dir):
     return [(s, p) for s, p in _step_dirs(output_dir) if incomplete_reason(p) is None]
 
 
+def what_is_kept(output_dir):
+    """An interrupted run's last words: which checkpoint holds it and how to continue."""
+    kept = list_checkpoints(output_dir)
+    if not kept:
+        return "no checkpoint was written yet (train.save_every): the steps so far are lost"
+    step, path = kept[-1]
+    return (f"{path} holds the run up to step {step}; the same command with resume=auto "
+            "continues it")
+
+
 def save_checkpoint(output_dir, step, model, optimizer, state, keep_last=None):
     """Write checkpoint `step`; drop older ones beyond keep_last. Returns its path."""
     root = checkpoint_root(output_dir)

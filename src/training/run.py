@@ -14,7 +14,7 @@ from ..device import Device
 from ..errors import ConfigError, PackloraError, TrainingError
 from ..fileio import write_text
 from ..models import load_model
-from .checkpoints import list_checkpoints
+from .checkpoints import list_checkpoints, what_is_kept
 from .distributed import World
 from .trainer import train
 
@@ -49,13 +49,17 @@ def finetune(config_or_path, overrides=(), progress=True, world=None):
     Under an MPI launcher this process is one rank of a data-parallel run (`world`, detected
     by default); an error on any rank then ends every rank."""
     world = World.detect() if world is None else world
+    cfg = None
     try:
-        return _finetune(resolve_config(config_or_path, overrides), progress, world)
+        cfg = resolve_config(config_or_path, overrides)
+        return _finetune(cfg, progress, world)
     except BaseException as e:
         if world.size > 1:
             print(f"packlora: error on rank {world.rank} of {world.size}: {e}", file=sys.stderr,
                   flush=True)
             world.abort(2 if isinstance(e, PackloraError) else 3)
+        if isinstance(e, KeyboardInterrupt) and cfg is not None and not e.args:
+            raise KeyboardInterrupt(what_is_kept(cfg.output_dir)) from None  # Ctrl-C, SIGTERM
         raise
 
 
