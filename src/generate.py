@@ -8,9 +8,13 @@ from .models.llama import KVCache
 
 
 def _prompt_ids(tok, prompt):
+    """A prompt's ids: a string as text, a list of {"role", "content"} dicts as a chat."""
     if isinstance(prompt, (list, tuple)):
         text = tok.apply_chat_template(list(prompt), add_generation_prompt=True)
         return tok.encode(text, add_special_tokens=False)
+    if not isinstance(prompt, str):
+        raise TypeError(f"a prompt is a string or a list of {{'role', 'content'}} messages, "
+                        f"got {type(prompt).__name__}")
     return tok.encode(prompt, add_special_tokens=True)
 
 
@@ -149,6 +153,9 @@ def generate_batch(model, prompts, max_new_tokens=128, temperature=0.0, top_p=1.
         raise ModelError(f"{model.source or 'this model'}: no tokenizer (a folder without "
                          "tokenizer.json, a GGUF without one): generate_ids() takes token ids")
     check_settings(max_new_tokens, temperature, top_p, top_k, seed, batch_size)
+    if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], dict)):
+        raise TypeError("generate_batch takes a list of prompts (strings or chats); "
+                        "generate() takes one")
     stop = [stop] if isinstance(stop, str) else list(stop or ())
     ids = [_prompt_ids(tok, p) for p in prompts]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))

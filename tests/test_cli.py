@@ -13,7 +13,7 @@ from packlora import cli
 from packlora.memory import fit
 from packlora.cli import main
 from packlora.config import load_config
-from packlora.generate import generate, generate_ids
+from packlora.generate import generate, generate_batch, generate_ids
 from packlora.models import load_model
 from packlora.training import run
 
@@ -254,6 +254,16 @@ output_dir: {tmp_path / 'out'}
     err = capsys.readouterr().err
     assert err.startswith("packlora: warning: data: rows of up to ") and err.count("\n") == 1
     assert f"longer than the context of {folder} (16 positions)" in err
+
+
+def test_generate_api_refuses_a_prompt_of_the_wrong_kind(tiny):
+    """generate_batch(model, "abc") generated after "a", "b" and "c", silently."""
+    model = load_model(tiny / "model", quant="none")
+    for prompts in ("abc", [{"role": "user", "content": "x"}]):
+        with pytest.raises(TypeError, match="generate_batch takes a list of prompts"):
+            generate_batch(model, prompts, max_new_tokens=1)
+    with pytest.raises(TypeError, match="a prompt is a string or a list of .* got int"):
+        generate(model, 5, max_new_tokens=1)
 
 
 def test_cli_model_without_tokenizer_is_one_line(tiny, tmp_path, capsys):
