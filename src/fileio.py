@@ -45,16 +45,23 @@ def atomic_path(path, suffix=""):
 @contextlib.contextmanager
 def atomic_folder(path):
     """Yields a temp folder next to `path` to fill (its files written atomically); on success it
-    is renamed to `path`, which must not exist or be an empty folder. On any error the temp
-    folder is removed and `path` is untouched. Errors name `path`, not the temp folder."""
+    is renamed to `path`, or, where `path` is an empty folder (the user's own, perhaps their
+    working directory), its files are moved into it. On any error the temp folder is removed
+    and `path` is untouched. Errors name `path`, not the temp folder."""
     path = os.path.abspath(os.fspath(path))
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)  # mode 0700
     try:
         yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())
-        os.replace(tmp, path)
+        if os.path.isdir(path):
+            for name in sorted(os.listdir(tmp)):
+                os.replace(os.path.join(tmp, name), os.path.join(path, name))
+            os.rmdir(tmp)
+            _fsync_dir(path)
+        else:
+            os.chmod(tmp, 0o777 & ~_umask())
+            os.replace(tmp, path)
         _fsync_dir(parent)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)

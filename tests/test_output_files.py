@@ -40,10 +40,13 @@ def test_a_folder_appears_whole_or_not_at_all(tmp_path):
         write_json(Path(tmp) / "a.json", {})
         raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []  # no output, no temp folder
-    (tmp_path / "empty").mkdir()
-    with atomic_folder(tmp_path / "empty") as tmp:  # an empty folder is taken over
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    inode = os.stat(empty).st_ino  # a shell standing in it still sees the files
+    with atomic_folder(empty) as tmp:  # an empty folder is filled, not replaced
         write_json(Path(tmp) / "a.json", {})
-    assert [p.name for p in (tmp_path / "empty").iterdir()] == ["a.json"]
+    assert [p.name for p in empty.iterdir()] == ["a.json"] and os.stat(empty).st_ino == inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
 
 def test_a_failing_write_names_the_output_not_the_temp_folder(tmp_path):
