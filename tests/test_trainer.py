@@ -11,7 +11,7 @@ from packlora import Device, Tensor
 from packlora.adapters import apply_lora
 from packlora.config import TrainConfig
 from packlora.data import Example, pack_examples
-from packlora.errors import ConfigError
+from packlora.errors import ConfigError, DataError
 from packlora.models import load_model
 from packlora.tracker import MemoryTracker
 from packlora.training.checkpoints import list_checkpoints
@@ -371,8 +371,14 @@ def test_overwrite_replaces_a_run(setup, tmp_path):
     out = tmp_path / "o"
     finetune(run_cfg(setup, out, max_steps=2, save_every=2), progress=False)
     assert list_checkpoints(out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     c = run_cfg(setup, out, max_steps=1)
     c["overwrite"] = True
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": 5}\n')
+    with pytest.raises(DataError, match="bad.jsonl:1:"):  # it deleted the run it was to replace
+        finetune({**c, "data": {**c["data"], "train": str(bad)}}, progress=False)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     finetune(c, progress=False)
     assert list_checkpoints(out) == []  # the old run's checkpoints are gone
     recs = (out / "metrics.jsonl").read_text().splitlines()

@@ -18,7 +18,8 @@ from .checkpoints import list_checkpoints, what_is_kept
 from .distributed import World
 from .trainer import train
 
-_RUN_FILES = ("metrics.jsonl", "checkpoints", "adapter_model.safetensors", "run_config.yaml")
+_RUN_FILES = ("metrics.jsonl", "checkpoints", "adapter_model.safetensors", "adapter_config.json",
+              "run_config.yaml", "loss.png")
 
 
 @dataclass
@@ -29,17 +30,25 @@ class FinetuneResult:
     data_stats: object
 
 
-def prepare_output_dir(cfg):
-    """Refuse to mix two runs in one folder unless resuming or overwriting."""
+def check_output_dir(cfg):
+    """The files of an earlier run in output_dir that this one replaces (overwrite: true); a
+    ConfigError when they would be mixed with this run's (neither resume nor overwrite)."""
     out = Path(cfg.output_dir)
     existing = [n for n in _RUN_FILES if (out / n).exists()]
-    if existing and cfg.resume is None:
-        if not cfg.overwrite:
-            raise ConfigError(f"output_dir: {out} already holds a run ({', '.join(existing)}); "
-                              "set resume: auto to continue it, or overwrite: true to replace it")
-        for name in existing:
-            p = out / name
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    if not existing or cfg.resume is not None:
+        return []
+    if not cfg.overwrite:
+        raise ConfigError(f"output_dir: {out} already holds a run ({', '.join(existing)}); "
+                          "set resume: auto to continue it, or overwrite: true to replace it")
+    return existing
+
+
+def clear_output_dir(out, replaced):
+    """output_dir, ready: the replaced run's files go only once this run has loaded its model
+    and data, so a bad data line does not cost the run it was to replace."""
+    for name in replaced:
+        p = out / name
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -76,7 +85,8 @@ def run_device(cfg, world=None):
 def _finetune(cfg, progress, world):
     world.check_same("configs", cfg.model_dump(mode="json"))
     main = world.is_main  # rank 0 alone writes
-    out = prepare_output_dir(cfg) if main else Path(cfg.output_dir)
+    out = Path(cfg.output_dir)
+    replaced = check_output_dir(cfg) if main else []
     device = run_device(cfg, world)
     model = load_model(cfg.model, device, quant=cfg.quant)
     apply_lora(model, cfg.lora)  # the same initial adapter on every rank
@@ -84,6 +94,7 @@ def _finetune(cfg, progress, world):
         device.seed(int(np.random.SeedSequence([cfg.train.seed, world.rank]).generate_state(1)[0]))
     train_ex, valid_ex, stats = build_datasets(cfg.data, model.tokenizer, cfg.train.seed)
     if main:
+        clear_output_dir(out, replaced)
         _warn_past_context(cfg.model, model.config.max_position_embeddings, train_ex, valid_ex)
         write_text(out / "run_config.yaml", cfg.to_yaml())
     if progress and main:
