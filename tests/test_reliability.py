@@ -89,6 +89,9 @@ def test_a_named_checkpoint_that_is_damaged_is_an_error(setup, tmp_path):
     c["resume"] = str(step2)
     with pytest.raises(TrainingError, match=r"step-2: cannot read checkpoint: no valid manifest"):
         finetune(c, progress=False)
+    c["resume"] = str(out / "checkpoints" / "step-9")  # a typo: it said "its write was interrupted"
+    with pytest.raises(TrainingError, match=r"step-9: cannot read checkpoint: no such folder"):
+        finetune(c, progress=False)
 
 
 class _Kill(Exception):

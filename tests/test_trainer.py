@@ -367,6 +367,19 @@ def test_resume_is_bit_exact(setup, tmp_path, monkeypatch):
         np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=n)
 
 
+def test_resume_auto_says_when_there_is_nothing_to_do(setup, tmp_path, capsys):
+    out = tmp_path / "o"
+    finetune(run_cfg(setup, out, max_steps=2, save_every=2), progress=False)
+    c = run_cfg(setup, out, max_steps=2, save_every=2)
+    c["resume"] = "auto"
+    assert finetune(c, progress=True).history == []
+    assert "step-2 at step 2, train.max_steps: nothing left to train" in capsys.readouterr().out
+    c = run_cfg(setup, tmp_path / "none", max_steps=1)  # no checkpoint: a fresh start, said
+    c["resume"] = "auto"
+    assert len(finetune(c, progress=True).history) == 1
+    assert "no checkpoint to resume from in " in capsys.readouterr().out
+
+
 def test_overwrite_replaces_a_run(setup, tmp_path):
     out = tmp_path / "o"
     finetune(run_cfg(setup, out, max_steps=2, save_every=2), progress=False)

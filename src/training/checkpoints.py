@@ -47,9 +47,11 @@ def _read_manifest(path):
 
 def incomplete_reason(path):
     """Why `path` is not a complete checkpoint (None when it is): sizes only, no hashing."""
+    if not path.is_dir():
+        return "no such folder (a checkpoint is a step-N folder under output_dir/checkpoints)"
     files = _read_manifest(path)
     if files is None:
-        return f"no valid {MANIFEST} (its write was interrupted)"
+        return f"no valid {MANIFEST} (not a checkpoint, or its write was interrupted)"
     for name, entry in files.items():
         p = path / name
         try:

@@ -135,6 +135,8 @@ class Trainer:
             return path
         for note in notes:
             log(note)
+        if self.output_dir and str(resume) == "auto":
+            log(f"no checkpoint to resume from in {self.output_dir}: starting at step 0")
         return None
 
     # -- one optimizer step -------------------------------------------------------------------
@@ -225,7 +227,8 @@ class Trainer:
         metrics = MetricsLog(writes, truncate_after=self.step) if writes else None
         bar = Progress(self.total, self.step, enabled=self.progress_enabled and main)
         if resumed:
-            bar.log(f"resumed from {resumed} at step {self.step}")
+            done = ", train.max_steps: nothing left to train" if self.step >= self.total else ""
+            bar.log(f"resumed from {resumed} at step {self.step}{done}")
         history = []
         try:
             while self.step < self.total:
