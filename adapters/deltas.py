@@ -11,7 +11,14 @@ from ..lora_targets import pattern_value
 from ..models.tensors import EMBEDDING_WEIGHTS
 from ..quant import quantize
 from .loftq import loftq_fit
-from .peft_io import check_base, lora_config_from_peft, read_adapter, recorded_base, strip_key
+from .peft_io import (
+    adapter_chat_template,
+    check_base,
+    lora_config_from_peft,
+    read_adapter,
+    recorded_base,
+    strip_key,
+)
 
 MAGNITUDE = "lora_magnitude_vector"
 BASES = ("float", "quantized")  # what a float base weight is merged into: W, or deq(Q(W))
@@ -23,6 +30,7 @@ class AdapterDeltas:
     def __init__(self, adapter_dir):
         self.path = str(adapter_dir)
         self.config, tensors = read_adapter(adapter_dir)
+        self.chat_template = adapter_chat_template(adapter_dir)  # None: the base's stays
         self.recorded = recorded_base(adapter_dir) or {}  # the base it was trained on
         self.trained_quant = self.recorded.get("quant") or {}
         weights = {strip_key(k).removesuffix(".weight"): v for k, v in tensors.items()}

@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from ..config_coerce import lora_config
 from ..errors import ModelError
-from ..fileio import load_safetensors, save_safetensors, write_json
+from ..fileio import load_safetensors, save_safetensors, write_json, write_text
 from ..lora_targets import layer_index
 from ..models.identity import base_mismatch, identity_metadata, recorded_identity
 from ..nn import Linear, PackedLinear
@@ -17,6 +17,7 @@ from .inject import apply_lora
 from .lora import LoraLinear
 
 WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
+TEMPLATE = "chat_template.jinja"  # the chat template it was trained with (transformers' name)
 PREFIX = "base_model.model."
 PEFT_DEFAULT_RANK = 8  # peft.LoraConfig's defaults for a key its adapter_config.json omits
 PEFT_DEFAULT_ALPHA = 8
@@ -98,7 +99,22 @@ def save_adapter(model, out_dir):
     meta = {"format": "pt", **(identity_metadata(identity) if identity else {})}
     save_safetensors(out / WEIGHTS, adapter_state(model), metadata=meta)
     write_json(out / CONFIG, adapter_config(model))
+    tok = getattr(model, "tokenizer", None)
+    if tok is not None and tok.has_chat_template:  # data.chat_template, or the base's own
+        write_text(out / TEMPLATE, tok.chat_template)
     return out
+
+
+def adapter_chat_template(adapter_dir):
+    """The chat template an adapter folder was trained with, or None (PEFT's own folders carry
+    it only when a tokenizer was saved beside them)."""
+    path = Path(adapter_dir) / TEMPLATE
+    if not path.is_file():
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelError(f"{path}: cannot read the chat template ({e})") from None
 
 
 def read_adapter(adapter_dir):
@@ -179,6 +195,9 @@ def load_adapter(model, adapter_dir):
         apply_lora(model, lora_config_from_peft(cfg, paths))
     for path in paths:
         _assign(model, path, weights, adapter_dir)
+    template = adapter_chat_template(adapter_dir)
+    if template is not None and getattr(model, "tokenizer", None) is not None:
+        model.tokenizer.set_chat_template(template)  # prompts as the training run rendered them
     if getattr(model, "base_identity", None):  # shapes fit: is it the base it was trained on?
         check_base(adapter_dir, model.base_identity)
     return model

@@ -72,8 +72,11 @@ def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
         if not quantize:
             hf_cfg["torch_dtype"] = dtype  # what model.safetensors holds
         write_json(tmp / "config.json", hf_cfg)
-        if src.tokenizer is not None:
-            src.tokenizer.save(tmp)
+        tok = src.tokenizer
+        if tok is not None:
+            if delta is not None and delta.chat_template is not None:
+                tok.set_chat_template(delta.chat_template)  # the one it was trained with
+            tok.save(tmp)
     return out
 
 

@@ -21,7 +21,7 @@ from ..quant.presets import FALLBACK, PRESETS, preset_format
 from ..quant.regrid import requantize_on_grid
 from .codec import decode_rows, encode_rows
 from .layout import BaseLayout
-from .metadata import file_type_kv, gguf_base_kv, hf_base_kv
+from .metadata import chat_template_kv, file_type_kv, gguf_base_kv, hf_base_kv
 from .stream import GGUFStream, TensorPlan, check_new_output
 
 FLOAT_TYPES = {"f32": GGML.F32, "f16": GGML.F16, "bf16": GGML.BF16}
@@ -138,6 +138,7 @@ def merge_to_gguf(model, adapter, out, quantize_to=None, base_mode=None):
     deltas.check_base(base_identity(model, base.path, None))  # shapes fit: is it its base?
     kv = gguf_base_kv(base.gguf) if base.gguf else hf_base_kv(base, model)
     kv = file_type_kv(kv, quantize_to) if quantize_to is not None else kv
+    kv = chat_template_kv(kv, deltas.chat_template) if deltas.chat_template else kv
     plans = [TensorPlan(j.gguf, j.shape, j.out_type) for j in jobs]
     reader = _Reader(base)
     try:

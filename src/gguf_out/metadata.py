@@ -17,7 +17,7 @@ from ..gguf_tokenizer import (
 )
 from ..tokenizer import Tokenizer
 
-FILE_TYPE = "general.file_type"
+FILE_TYPE, CHAT_TEMPLATE = "general.file_type", "tokenizer.chat_template"
 # --quantize -> general.file_type (llama.cpp's llama_ftype)
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
               "bf16": LlamaFileType.MOSTLY_BF16, "q4_0": LlamaFileType.MOSTLY_Q4_0,
@@ -43,6 +43,12 @@ def file_type_kv(kv, quantize_to):
     """kv with general.file_type saying what --quantize made of the linear weights."""
     kv = [item for item in kv if item[0] != FILE_TYPE]
     return [*kv, (FILE_TYPE, int(FILE_TYPES[quantize_to]), V.UINT32, None)]
+
+
+def chat_template_kv(kv, template):
+    """kv with tokenizer.chat_template set to `template` (the one an adapter was trained with)."""
+    kv = [item for item in kv if item[0] != CHAT_TEMPLATE]
+    return [*kv, (CHAT_TEMPLATE, template, V.STRING, None)]
 
 
 def hf_base_kv(base, name):
@@ -105,7 +111,7 @@ def tokenizer_kv(tok, cfg):
     kv.append(("tokenizer.ggml.add_bos_token", bool(tok.add_bos_token), V.BOOL, None))
     kv.append(("tokenizer.ggml.add_eos_token", bool(tok.add_eos_token), V.BOOL, None))
     if tok.chat_template:
-        kv.append(("tokenizer.chat_template", tok.chat_template, V.STRING, None))
+        kv.append((CHAT_TEMPLATE, tok.chat_template, V.STRING, None))
     return kv
 
 

@@ -111,8 +111,9 @@ def save_checkpoint(output_dir, step, model, optimizer, state, keep_last=None):
         save_adapter(model, tmp)
         save_safetensors(tmp / OPTIM, optimizer.state_arrays(), metadata={"step": str(optimizer.t)})
         write_json(tmp / STATE, state)
+        written = sorted(p.name for p in tmp.iterdir())  # FILES, and the chat template if any
         write_json(tmp / MANIFEST, {"step": step, "files": {
-            n: {"bytes": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in FILES}})
+            n: {"bytes": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in written}})
         if final.exists():
             final.rename(old)
         tmp.rename(final)

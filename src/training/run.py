@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..adapters import apply_lora, save_adapter
+from ..adapters.peft_io import CONFIG, TEMPLATE, WEIGHTS
 from ..config import resolve_config
 from ..data import build_datasets
 from ..device import Device
@@ -18,8 +19,8 @@ from .checkpoints import list_checkpoints, what_is_kept
 from .distributed import World
 from .trainer import train
 
-_RUN_FILES = ("metrics.jsonl", "checkpoints", "adapter_model.safetensors", "adapter_config.json",
-              "run_config.yaml", "loss.png")
+_RUN_FILES = ("metrics.jsonl", "checkpoints", WEIGHTS, CONFIG, TEMPLATE, "run_config.yaml",
+              "loss.png")
 
 
 @dataclass

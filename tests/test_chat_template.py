@@ -1,0 +1,61 @@
+"""A base model without a chat template trained with data.chat_template: the template travels
+with the adapter, so generate / eval (--adapter), a folder merge and a GGUF merge render prompts
+as the training run did; read back with gguf's own reader and as plain JSON."""
+import json
+
+import model_factory as mf
+import pytest
+from gguf import GGUFReader
+from packlora import load_adapter, load_model, merge
+from packlora.adapters.peft_io import TEMPLATE
+from packlora.training.run import finetune
+
+TEMPLATE_TEXT = ("{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}### assistant:{% endif %}")
+CHAT = [{"role": "user", "content": "1+2"}]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A finished run on a tiny model whose tokenizer has no chat template."""
+    tmp = tmp_path_factory.mktemp("template")
+    files = mf.sums_run_files(tmp, 2, 2)
+    mf.tiny_chat_model(files / "model", merges=[("1", "+")])  # merges: a GGUF vocabulary needs some
+    cfg_path = files / "model" / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    del cfg["chat_template"]
+    cfg_path.write_text(json.dumps(cfg))
+    (tmp / "t.jinja").write_text(TEMPLATE_TEXT)
+    finetune({"model": str(files / "model"), "quant": {"format": "q8_0"},
+              "lora": {"rank": 2, "alpha": 4, "targets": ["q_proj", "v_proj"]},
+              "data": {"train": str(files / "train.jsonl"), "max_seq_len": 64,
+                       "chat_template": str(tmp / "t.jinja")},
+              "train": {"max_steps": 2, "batch_size": 2, "lr": 1e-3, "save_every": 2},
+              "output_dir": str(tmp / "run")}, progress=False)
+    return files / "model", tmp / "run"
+
+
+def test_the_adapter_and_its_checkpoints_carry_the_template(run):
+    _, out = run
+    assert (out / TEMPLATE).read_text() == TEMPLATE_TEXT
+    step = out / "checkpoints" / "step-2"
+    assert (step / TEMPLATE).read_text() == TEMPLATE_TEXT
+    assert TEMPLATE in json.loads((step / "manifest.json").read_text())["files"]
+
+
+def test_loading_the_adapter_renders_prompts_as_training_did(run):
+    base, out = run
+    model = load_model(base, quant="q8_0")
+    assert "<|im_start|>" in model.tokenizer.apply_chat_template(CHAT)  # ChatML fallback
+    load_adapter(model, out)
+    assert model.tokenizer.apply_chat_template(CHAT) == "### user: 1+2\n### assistant:"
+
+
+def test_merges_carry_the_template(run, tmp_path):
+    base, out = run
+    merge(base, out, tmp_path / "folder")
+    cfg = json.loads((tmp_path / "folder" / "tokenizer_config.json").read_text())
+    assert cfg["chat_template"] == TEMPLATE_TEXT
+    merge(base, out, tmp_path / "m.gguf", quantize="f16")
+    field = GGUFReader(tmp_path / "m.gguf").fields["tokenizer.chat_template"]
+    assert bytes(field.parts[field.data[0]]).decode() == TEMPLATE_TEXT
