@@ -184,6 +184,14 @@ def test_malformed_chat(tmp_path, messages, problem):
     assert problem in str(info.value)
 
 
+def test_a_file_saved_with_a_byte_order_mark_reads(tmp_path):
+    """Notepad's "UTF-8 with BOM": line 1 was "bad JSON: Unexpected UTF-8 BOM"."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"text": "hello"}\r\n{"text": "hi"}\r\n')
+    ds = load_dataset(path, TOK, DataConfig(train=str(path)))
+    assert ds.num_records == 2 and ds[0].input_ids.tolist() == [ord(c) for c in "hello"]
+
+
 def test_empty_and_missing_files(tmp_path):
     path = write_jsonl(tmp_path, ["", "  "])
     with pytest.raises(DataError, match="no records"):

@@ -16,7 +16,7 @@ def read_jsonl(path, name: str | None = None) -> Iterator[tuple[str, dict]]:
         raise DataError(f"{name}: a folder, not a JSONL file")
     if not p.is_file():
         raise DataError(f"{name}: dataset file not found")
-    with p.open("r", encoding="utf-8") as f:
+    with p.open("r", encoding="utf-8-sig") as f:  # -sig: Windows editors start with a BOM
         lineno = 0
         while True:
             try:
