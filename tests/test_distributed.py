@@ -90,8 +90,8 @@ def two_ranks(files):
 def test_two_ranks_equal_one_process_with_the_global_batch(single, two_ranks):
     assert_close(two_ranks, single)
     written = sorted(p.name for p in two_ranks.iterdir())
-    assert written == ["adapter_config.json", "adapter_model.safetensors", "checkpoints",
-                       "loss.png", "metrics.jsonl", "run_config.yaml"]
+    assert written == ["adapter_config.json", "adapter_model.safetensors", "chat_template.jinja",
+                       "checkpoints", "loss.png", "metrics.jsonl", "run_config.yaml"]
     assert len(losses(two_ranks)) == 4  # one writer: no line twice
 
 
