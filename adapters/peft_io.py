@@ -13,6 +13,7 @@ from ..lora_targets import layer_index
 from ..models.identity import base_mismatch, identity_metadata, recorded_identity
 from ..nn import Linear, PackedLinear
 from ..quant import REGISTRY
+from ..tokenizer import chat_template_text
 from .inject import apply_lora
 from .lora import LoraLinear
 
@@ -106,15 +107,23 @@ def save_adapter(model, out_dir):
 
 
 def adapter_chat_template(adapter_dir):
-    """The chat template an adapter folder was trained with, or None (PEFT's own folders carry
-    it only when a tokenizer was saved beside them)."""
-    path = Path(adapter_dir) / TEMPLATE
-    if not path.is_file():
-        return None
+    """The chat template an adapter folder was trained with: its chat_template.jinja, else the
+    chat_template of a tokenizer_config.json beside it (transformers' Trainer, TRL and Axolotl
+    save the tokenizer with the adapter); None when it has neither."""
+    folder = Path(adapter_dir)
+    path = folder / TEMPLATE
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+        path = folder / "tokenizer_config.json"
+        if not path.is_file():
+            return None
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelError(f"{path}: cannot read the chat template ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    return chat_template_text(cfg.get("chat_template"), path)
 
 
 def read_adapter(adapter_dir):

@@ -67,7 +67,7 @@ class Tokenizer:
             add_bos = bos_id is not None and bool(ids) and ids[0] == bos_id
         return cls(backend, bos_token=bos, eos_token=eos, pad_token=pad, add_bos_token=add_bos,
                    add_eos_token=bool(cfg.get("add_eos_token", False)),
-                   chat_template=_template_text(cfg.get("chat_template"), path),
+                   chat_template=chat_template_text(cfg.get("chat_template"), path),
                    source=str(path))
 
     @classmethod
@@ -228,7 +228,7 @@ def _token_text(value) -> str | None:
     return value
 
 
-def _template_text(value, path) -> str | None:
+def chat_template_text(value, path) -> str | None:
     """tokenizer_config's chat_template may be a string or a list of named templates."""
     if value is None or isinstance(value, str):
         return value

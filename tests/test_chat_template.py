@@ -51,6 +51,21 @@ def test_loading_the_adapter_renders_prompts_as_training_did(run):
     assert model.tokenizer.apply_chat_template(CHAT) == "### user: 1+2\n### assistant:"
 
 
+def test_an_adapter_saved_with_its_tokenizer_brings_its_template(run, tmp_path):
+    """transformers' Trainer (TRL, Axolotl) saves tokenizer_config.json beside the adapter, its
+    chat_template a string or a list of named templates."""
+    base, out = run
+    for i, value in enumerate([TEMPLATE_TEXT, [{"name": "default", "template": TEMPLATE_TEXT},
+                                               {"name": "tool_use", "template": "x"}]]):
+        peft = tmp_path / f"peft{i}"
+        peft.mkdir()
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            (peft / name).write_bytes((out / name).read_bytes())
+        (peft / "tokenizer_config.json").write_text(json.dumps({"chat_template": value}))
+        model = load_adapter(load_model(base, quant="q8_0"), peft)
+        assert model.tokenizer.apply_chat_template(CHAT) == "### user: 1+2\n### assistant:"
+
+
 def test_merges_carry_the_template(run, tmp_path):
     base, out = run
     merge(base, out, tmp_path / "folder")
