@@ -8,6 +8,7 @@ import warnings
 
 from .adapters import load_adapter
 from .adapters.deltas import BASES
+from .config import resolve_config
 from .device import Device
 from .errors import PackloraError
 from .evaluate import exact_match, read_chat_records
@@ -32,9 +33,10 @@ _DEBUG_HELP = "print the full traceback of an unexpected error"
 
 
 def _cmd_finetune(a):
+    cfg = resolve_config(a.config, a.overrides)  # once, for the check and the run
     if not a.no_memory_check:  # before anything loads: a run that cannot fit is killed mid-way
-        check_fits(a.config, a.overrides, ranks=launched_ranks())
-    res = finetune(a.config, a.overrides, progress=not a.quiet)
+        check_fits(cfg, ranks=launched_ranks())
+    res = finetune(cfg, progress=not a.quiet)
     last = res.history[-1] if res.history else {}
     print(json.dumps({"output_dir": str(res.output_dir), "steps": len(res.history),
                       "final_loss": last.get("loss"), "eval_loss": last.get("eval_loss")}))

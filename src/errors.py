@@ -1,4 +1,5 @@
 """The exceptions packlora raises for user-facing errors."""
+from numbers import Integral
 
 
 class PackloraError(Exception):
@@ -31,3 +32,13 @@ class DataError(PackloraError):
 
 class TrainingError(PackloraError):
     """Training could not go on (e.g. a NaN loss)."""
+
+
+def check_count(where, name, value, minimum, note="", none_ok=False):
+    """ConfigError `where: name must be a whole number >= minimum, got value` unless `value` is
+    one (an int or numpy integer, not a bool; None too where none_ok)."""
+    if none_ok and value is None:
+        return
+    if not (isinstance(value, Integral) and not isinstance(value, bool) and value >= minimum):
+        raise ConfigError(f"{where}: {name} must be a whole number >= {minimum}{note}"
+                          f"{', or None' if none_ok else ''}, got {value!r}")

@@ -1,7 +1,7 @@
 """Held-out exact match: generate each chat record's last assistant turn and compare exactly."""
 from .data.formats import detect_format, normalize
 from .data.jsonl import read_jsonl
-from .errors import ConfigError, DataError
+from .errors import DataError, check_count
 from .generate import generate_batch
 
 
@@ -29,8 +29,7 @@ def exact_match(model, records, max_new_tokens=64, limit=None, on_item=None, bat
     (after strip). Prompts are generated in left-padded batches, with float32 activations:
     8-bit ones apply to batches of one or two prompts only (kernels/activations.py), and a
     record's answer must not depend on the batch it falls in."""
-    if limit is not None and not (isinstance(limit, int) and limit >= 1):
-        raise ConfigError(f"eval: limit must be a whole number >= 1, or None, got {limit!r}")
+    check_count("eval", "limit", limit, 1, none_ok=True)
     records = records[:limit]
     answers = generate_batch(model, [p for p, _ in records], max_new_tokens,
                              batch_size=batch_size, int8_activations=False)

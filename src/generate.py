@@ -3,7 +3,7 @@ import numpy as np
 
 from . import kernels
 from .autodiff import without_autodiff
-from .errors import ConfigError, ModelError
+from .errors import ConfigError, ModelError, check_count
 from .models.llama import KVCache
 
 
@@ -22,23 +22,15 @@ def check_settings(max_new_tokens, temperature, top_p, top_k, seed, batch_size=1
     """One clear error naming the setting, before anything runs: a negative token count, a
     temperature below 0 or not a number, top_p outside [0, 1], a negative top_k or seed, or a
     batch size below 1 would otherwise fail deep inside decoding, or sample wrongly."""
-    checks = (("max_new_tokens", max_new_tokens, _whole(max_new_tokens) and max_new_tokens >= 0,
-               "a whole number >= 0"),
-              ("temperature", temperature, _real(temperature) and temperature >= 0.0,
-               "a number >= 0 (0: greedy)"),
-              ("top_p", top_p, _real(top_p) and 0.0 <= top_p <= 1.0, "within [0, 1]"),
-              ("top_k", top_k, _whole(top_k) and top_k >= 0, "a whole number >= 0 (0: off)"),
-              ("seed", seed, seed is None or (_whole(seed) and seed >= 0),
-               "a whole number >= 0, or None"),
-              ("batch_size", batch_size, _whole(batch_size) and batch_size >= 1,
-               "a whole number >= 1"))
-    for name, value, ok, want in checks:
-        if not ok:
-            raise ConfigError(f"generation: {name} must be {want}, got {value!r}")
-
-
-def _whole(v):
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+    check_count("generation", "max_new_tokens", max_new_tokens, 0)
+    check_count("generation", "top_k", top_k, 0, note=" (0: off)")
+    check_count("generation", "seed", seed, 0, none_ok=True)
+    check_count("generation", "batch_size", batch_size, 1)
+    if not (_real(temperature) and temperature >= 0.0):
+        raise ConfigError(f"generation: temperature must be a number >= 0 (0: greedy), got "
+                          f"{temperature!r}")
+    if not (_real(top_p) and 0.0 <= top_p <= 1.0):
+        raise ConfigError(f"generation: top_p must be within [0, 1], got {top_p!r}")
 
 
 def _real(v):

@@ -40,17 +40,18 @@ def available_ram(meminfo=MEMINFO, cgroup=CGROUP):
     return min(known) if known else None
 
 
-def check_fits(config, overrides=(), ranks=1):
+def check_fits(cfg, ranks=1):
     """ConfigError, naming the numbers and the ways out, when a CPU run's planned peak (times
-    the ranks that share this machine) exceeds the RAM available; the plan otherwise."""
-    rep = plan(config, overrides, ranks=ranks)
-    if not rep["run"]["device"].startswith("cpu"):
-        return rep
+    the ranks that share this machine) exceeds the RAM available. cfg: a resolved RunConfig;
+    a GPU run is not planned here (its memory is the GPU's)."""
+    if not cfg.device.startswith("cpu"):
+        return
+    rep = plan(cfg, ranks=ranks)
     have = available_ram()
     here = local_ranks() if ranks > 1 else 1
     need = rep["plan"]["peak_bytes"] * here
     if have is None or need <= have:
-        return rep
+        return
     ways = "Lower train.batch_size or data.max_seq_len"
     if not rep["run"]["grad_checkpointing"]:
         on = rep["plan"]["checkpointing"]["on"]["peak_bytes"] * here

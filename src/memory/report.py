@@ -4,7 +4,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_count
 from ..tracker import CATEGORIES
 from .measurement import measure as run_measure
 from .planner import plan
@@ -23,9 +23,9 @@ def mib(n):
 def report_dict(config, overrides=(), measure=False, steps=2, ranks=1):
     """The JSON contract: {"run", "plan", "dense_alternatives"[, "measured"]}; with ranks > 1
     the plan of one rank of a data-parallel run."""
-    for name, value in (("ranks", ranks), ("steps", steps if measure else 1)):
-        if not (isinstance(value, int) and value >= 1):
-            raise ConfigError(f"memory-report: {name} must be a whole number >= 1, got {value!r}")
+    check_count("memory-report", "ranks", ranks, 1)
+    if measure:
+        check_count("memory-report", "steps", steps, 1)
     if measure:
         if ranks > 1:
             raise ConfigError("--measure runs one process; measure a data-parallel run by "
