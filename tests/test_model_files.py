@@ -165,8 +165,10 @@ def test_small_gguf_and_corruption(tmp_path):
     assert (kind, shape) == ("F32", (5, 8)) and data[1, 2] == 10.0
     assert f.tensor("output_norm.weight")[:2] == ("F16", (8,))
     assert f.config.tie_word_embeddings and f.config.num_kv_heads == 2
-    with pytest.raises(ModelError, match="'blk.0.attn_q.weight' has type IQ2_XS"):
+    with pytest.raises(ModelError, match="'blk.0.attn_q.weight' has type IQ2_XS") as err:
         f.tensor("blk.0.attn_q.weight")
+    listed = str(err.value).split("(supported: ")[1].rstrip(")").split(", ")
+    assert len(listed) == len(set(listed)) and {"F32", "BF16", "Q4_K"} <= set(listed)
     with pytest.raises(ModelError, match="no tensor named 'nope'"):
         f.tensor("nope")
     blob = path.read_bytes()

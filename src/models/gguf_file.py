@@ -13,7 +13,7 @@ from ..tokenizer import Tokenizer
 from .config import ModelConfig
 
 # Float types are read as arrays; the quantized ones the format registry keeps packed.
-SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", *GGUF_TYPE_NAMES)
+SUPPORTED_TENSOR_TYPES = ("F32", *GGUF_TYPE_NAMES)  # the registry names F16 and BF16 too
 # ggml tensor names (per block after "blk.N.") <-> Hugging Face names (after "model.layers.N.")
 _BLOCK_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
