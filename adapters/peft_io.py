@@ -126,13 +126,25 @@ def adapter_chat_template(adapter_dir):
     return chat_template_text(cfg.get("chat_template"), path)
 
 
-def read_adapter(adapter_dir):
-    """(config dict, {key: array}) of a PEFT adapter folder, with clear errors."""
+def check_adapter_folder(adapter_dir):
+    """(config path, weights path) of a PEFT adapter folder; a ModelError when it is not one
+    (cheap: callers check this before a base model loads)."""
     d = Path(adapter_dir)
+    if d.is_file():
+        what = ("a GGUF file; the adapter is read from the PEFT-format folder that "
+                "export-gguf writes such a file from" if d.suffix.lower() == ".gguf" else "a file")
+        raise ModelError(f"{d}: {what}, not an adapter folder ({CONFIG} + {WEIGHTS}: a run's "
+                         "output_dir, a checkpoint, or a PEFT adapter folder)")
     cfg_path, w_path = d / CONFIG, d / WEIGHTS
     for p in (cfg_path, w_path):
         if not p.is_file():
             raise ModelError(f"{p}: adapter file not found")
+    return cfg_path, w_path
+
+
+def read_adapter(adapter_dir):
+    """(config dict, {key: array}) of a PEFT adapter folder, with clear errors."""
+    cfg_path, w_path = check_adapter_folder(adapter_dir)
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

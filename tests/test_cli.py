@@ -288,6 +288,38 @@ def test_cli_missing_adapter_and_bad_data(tiny, capsys):
     assert f"{bad}:1:" in capsys.readouterr().err
 
 
+def _adapter_gguf(path):
+    """A llama.cpp LoRA adapter GGUF as its converter writes one (gguf's own writer)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", 8.0)
+    w.add_tensor("blk.0.attn_q.weight.lora_a", np.zeros((4, 8), np.float32))
+    w.add_tensor("blk.0.attn_q.weight.lora_b", np.zeros((8, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_cli_adapter_gguf_and_files_are_named(tiny, tmp_path, monkeypatch, capsys):
+    ad = _adapter_gguf(tmp_path / "ad.gguf")
+    for argv in (["inspect", str(ad)], ["generate", "--model", str(ad), "--prompt", "x"]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == (f"packlora: error: {ad}: a LoRA adapter GGUF, not a "
+                                           "model; give its base model as the model (llama.cpp "
+                                           "runs the two with --lora)\n")
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: pytest.fail("the base loaded first"))
+    for adapter, words in ((ad, "a GGUF file; the adapter is read from the PEFT-format folder"),
+                           (tiny / "train.jsonl", "a file, not an adapter folder")):
+        assert main(["generate", "--model", str(tiny / "model"), "--adapter", str(adapter),
+                     "--prompt", "x"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"packlora: error: {adapter}: {words}") and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("line, words", [
     (b'\xff{"messages": []}', ":1: not valid UTF-8"),
     (b'{"messages": ["hi", "there"]}', ":1: messages[0] must be an object"),

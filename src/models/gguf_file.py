@@ -108,6 +108,9 @@ class GGUFModelFile:
     @property
     def config(self) -> ModelConfig:
         if self._config is None:
+            if self.fields.get("general.type") == "adapter":
+                raise ModelError(f"{self.path}: a LoRA adapter GGUF, not a model; give its base "
+                                 "model as the model (llama.cpp runs the two with --lora)")
             cfg = ModelConfig.from_gguf(self.fields, str(self.path), self.tensor_names())
             if "rope_freqs.weight" in self._tensors:
                 factors = self.tensor("rope_freqs.weight")[2].astype(np.float64).tolist()
