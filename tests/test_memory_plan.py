@@ -314,6 +314,13 @@ def test_cli_json_and_plot(tiny_run, tmp_path, capsys):
     assert main(["memory-report", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "price of dense expansion" in out and "RAM this run needs" in out
+    assert "-0.0" not in out  # a few KiB less than packlora shows as 0.0
+
+
+def test_report_mib_rounds_to_a_plain_zero():
+    from packlora.memory.report import mib
+    assert (mib(-20_000), mib(0), mib(-(2**20)), mib(3 * 2**30), mib(None)) == \
+        ("0.0", "0.0", "-1.0", "3,072.0", "—")
 
 
 def test_process_overhead_measured_once_and_added(tmp_path, monkeypatch):

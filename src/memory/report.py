@@ -17,7 +17,7 @@ _ALT_NAMES = {"whole_model_fp32": "whole base dense, float32",
 
 
 def mib(n):
-    return "—" if n is None else f"{n / 2**20:,.1f}"
+    return "—" if n is None else f"{round(n / 2**20, 1) or 0.0:,.1f}"  # never "-0.0"
 
 
 def report_dict(config, overrides=(), measure=False, steps=2, ranks=1):
