@@ -117,10 +117,12 @@ def _finetune_args(p):
 def _memory_report_args(p):
     p.add_argument("config")
     p.add_argument("overrides", nargs="*")
-    p.add_argument("--measure", action="store_true")
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--plot", default=None)
+    p.add_argument("--measure", action="store_true",
+                   help="also train a few steps on random batches of the planned shape and "
+                        "measure them beside the plan")
+    p.add_argument("--steps", type=int, default=2, help="steps --measure measures (default 2)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--plot", default=None, help="draw it to this .png, .svg or .pdf file")
     p.add_argument("--ranks", type=int, default=1,
                    help="plan one rank of a data-parallel run over this many (mpiexec -n N)")
 

@@ -315,6 +315,16 @@ def test_cli_json_and_plot(tiny_run, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "price of dense expansion" in out and "RAM this run needs" in out
     assert "-0.0" not in out  # a few KiB less than packlora shows as 0.0
+    svg = tmp_path / "mem.svg"
+    assert main(["memory-report", str(cfg), "--plot", str(svg)]) == 0
+    assert capsys.readouterr().out.endswith(f"wrote {svg}\n")
+    assert svg.read_text().lstrip().startswith("<?xml") and not (tmp_path / "mem.svg.png").exists()
+    for bad, words in ((tmp_path / "mem.txt", "give a file ending in .png, .svg, .pdf"),
+                       (tmp_path, "a folder, not a file")):
+        assert main(["memory-report", str(cfg), "--plot", str(bad)]) == 2
+        cap = capsys.readouterr()
+        assert cap.err == f"packlora: error: --plot {bad}: {words}\n" and not cap.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mem.png", "mem.svg", "run.yaml"]
 
 
 def test_report_mib_rounds_to_a_plain_zero():

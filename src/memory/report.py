@@ -1,10 +1,12 @@
 """`packlora memory-report`: the plan (and measurement) as a table, JSON or a stacked bar chart."""
 import json
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from ..errors import ConfigError, check_count
+from ..fileio import atomic_path
 from ..tracker import CATEGORIES
 from .measurement import measure as run_measure
 from .planner import plan
@@ -14,6 +16,7 @@ _ALT_NAMES = {"whole_model_fp32": "whole base dense, float32",
               "whole_model_bf16": "whole base dense, bfloat16",
               "per_layer_dequant": "full dequant per matmul (bnb/torchao/Unsloth)",
               "dense_effective_weight": "dense W + s·B·A per layer (Burn 0.22)"}
+PLOT_FORMATS = ("png", "svg", "pdf")
 
 
 def mib(n):
@@ -162,8 +165,21 @@ def print_report(rep, console=None):
                       "SVD workspace")
 
 
+def check_plot_path(path):
+    """(path, format) of a --plot file, checked before the report runs (--measure trains)."""
+    p = Path(path)
+    fmt = p.suffix.lower().lstrip(".")
+    if p.is_dir():
+        raise ConfigError(f"--plot {path}: a folder, not a file")
+    if fmt not in PLOT_FORMATS:
+        raise ConfigError(f"--plot {path}: give a file ending in "
+                          f"{', '.join('.' + f for f in PLOT_FORMATS)}")
+    return p, fmt
+
+
 def plot_report(rep, path):
     """Stacked bars: planned and measured by category, then the dense alternatives."""
+    path, fmt = check_plot_path(path)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -192,13 +208,16 @@ def plot_report(rep, path):
     ax.set_title(f"memory of one training step: {rep['run']['model']}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path, f".{fmt}") as tmp:
+        fig.savefig(tmp, dpi=110, format=fmt)
     plt.close(fig)
     return path
 
 
 def run_memory_report(args):
     """CLI entry: args has config, overrides, measure, steps, json, plot."""
+    if args.plot:
+        check_plot_path(args.plot)
     rep = report_dict(args.config, args.overrides or (), args.measure, args.steps,
                       getattr(args, "ranks", 1))
     if args.json:
