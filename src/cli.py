@@ -23,6 +23,7 @@ from .memory.fit import check_fits
 from .memory.report import run_memory_report
 from .models import load_model
 from .quant import FORMATS
+from .quant.registry import DOUBLE_QUANT_FORMATS
 from .quant.presets import PRESETS
 from .training import finetune
 from .training.distributed import World, launched_ranks
@@ -31,6 +32,10 @@ from .training.distributed import World, launched_ranks
 _QUANT_HELP = ", ".join(f"{f} (default)" if f == "nf4" else f
                         for f in (*FORMATS, *PRESETS, "none"))
 _DEBUG_HELP = "print the full traceback of an unexpected error"
+_DEVICE_HELP = "cpu (the default), cuda or cuda:N"
+_ADAPTER_HELP = "a run's output folder, a checkpoint, or a PEFT-format adapter folder"
+_MAX_NEW_HELP = ("at most this many new tokens (default %(default)s); generation also stops at "
+                 "the end of the model's context")
 
 
 def _cmd_finetune(a):
@@ -100,23 +105,26 @@ def _cmd_memory_report(a):
 
 def _model_args(p, adapter=True):
     p.add_argument("--model", required=True, help="model name, HF folder or .gguf file")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help=_DEVICE_HELP)
     p.add_argument("--quant", default=None, help=_QUANT_HELP)
     if adapter:
-        p.add_argument("--adapter", default=None, help="PEFT-format adapter folder")
+        p.add_argument("--adapter", default=None, help=_ADAPTER_HELP)
+
+
+def _config_args(p):
+    p.add_argument("config", help="the run's YAML config (see configs/)")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides of the config")
 
 
 def _finetune_args(p):
-    p.add_argument("config")
-    p.add_argument("overrides", nargs="*", help="key.path=value overrides")
-    p.add_argument("--quiet", action="store_true")
+    _config_args(p)
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--no-memory-check", action="store_true",
                    help="start even where the run's planned RAM exceeds what is available")
 
 
 def _memory_report_args(p):
-    p.add_argument("config")
-    p.add_argument("overrides", nargs="*")
+    _config_args(p)
     p.add_argument("--measure", action="store_true",
                    help="also train a few steps on random batches of the planned shape and "
                         "measure them beside the plan")
@@ -129,13 +137,19 @@ def _memory_report_args(p):
 
 def _generate_args(p):
     _model_args(p)
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required=True,
+                   help="a user message, rendered with the chat template unless --no-chat")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128, help=_MAX_NEW_HELP)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (the default) takes the most likely token; above 0 samples")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="sample among the most likely tokens whose probabilities add up to "
+                        "this (default 1: all)")
+    p.add_argument("--top-k", type=int, default=0,
+                   help="sample among the k most likely tokens (default 0: all)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the sampling seed, for a repeatable sample (default: a fresh one)")
     p.add_argument("--float-activations", action="store_true",
                    help="decode with float32 activations in every packed product (slower; by "
                         "default the one-token steps round them to 8 bits, as llama.cpp does)")
@@ -143,17 +157,19 @@ def _generate_args(p):
 
 def _eval_args(p):
     _model_args(p)
-    p.add_argument("--data", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--verbose", action="store_true")
+    p.add_argument("--data", required=True,
+                   help="a chat JSONL file; each record's last assistant message is the answer "
+                        "expected from the messages before it")
+    p.add_argument("--max-new-tokens", type=int, default=64, help=_MAX_NEW_HELP)
+    p.add_argument("--limit", type=int, default=None, help="score the first N records only")
+    p.add_argument("--verbose", action="store_true", help="print every answer, OK or BAD")
 
 
 def _merge_args(p):
-    p.add_argument("--model", required=True)
-    p.add_argument("--adapter", required=True)
+    p.add_argument("--model", required=True, help="the base: model name, HF folder or .gguf file")
+    p.add_argument("--adapter", required=True, help=_ADAPTER_HELP)
     p.add_argument("--out", required=True,
-                   help="a folder (HF layout), or a .gguf file for llama.cpp / Ollama")
+                   help="a new folder (HF layout), or a new .gguf file for llama.cpp / Ollama")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                    help="float type of an HF folder's weights")
     p.add_argument("--quantize", default=None,
@@ -170,25 +186,29 @@ def _merge_args(p):
 
 
 def _export_gguf_args(p):
-    p.add_argument("adapter", help="a run's output folder or a PEFT-format adapter folder")
+    p.add_argument("adapter", help=_ADAPTER_HELP)
     p.add_argument("--out", required=True, help="the .gguf file to write (must not exist)")
     p.add_argument("--model", default=None,
                    help="the base it will run on (default: the adapter's base_model_name_or_path)")
-    p.add_argument("--outtype", default="f32", choices=list(OUTTYPES))
+    p.add_argument("--outtype", default="f32", choices=list(OUTTYPES),
+                   help="the type of the adapter's tensors (default f32)")
 
 
 def _quantize_args(p):
-    p.add_argument("source")
-    p.add_argument("out_dir")
-    p.add_argument("--format", default="nf4")
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("source", help="model name, HF folder or .gguf file")
+    p.add_argument("out_dir", help="the folder to write (new, or empty)")
+    p.add_argument("--format", default="nf4", help=f"the packed format: {_QUANT_HELP}")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="values per quantization block (default: the format's)")
+    p.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None,
+                   help="quantize the block scales too (default: on for "
+                        f"{', '.join(DOUBLE_QUANT_FORMATS)})")
 
 
 def _inspect_args(p):
-    p.add_argument("model")
-    p.add_argument("--quant", default=None)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("model", help="model name, HF folder or .gguf file")
+    p.add_argument("--quant", default=None, help=f"the format it would load in: {_QUANT_HELP}")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 # The subcommands: (name, help, its arguments, what runs it), in the order --help lists them.
