@@ -32,13 +32,31 @@ def test_nan_loss_stops_with_clear_error_and_keeps_checkpoint(setup, tmp_path, m
     monkeypatch.setattr(LlamaForCausalLM, "target_loss", poisoned)
     with pytest.raises(TrainingError, match=r"step 3.*nan.*not finite") as e:
         finetune(run_cfg(setup, out, save_every=2), progress=False)
-    assert "checkpoint" in str(e.value)
+    assert f"{out / 'checkpoints' / 'step-2'} (step 2) is intact. Lower train.lr" in str(e.value)
     monkeypatch.setattr(LlamaForCausalLM, "target_loss", orig)
     assert [s for s, _ in list_checkpoints(out)] == [2]
     tr = _trainer(setup["model"], _examples(4, 8))
     state = load_checkpoint(out / "checkpoints" / "step-2", tr.model, tr.opt)
     assert state["step"] == 2 and tr.opt.t == 2
     assert all(np.isfinite(p.numpy()).all() for _, p in tr.model.trainable())
+
+
+def test_a_base_that_gives_nan_is_named_before_any_update(setup, tmp_path, monkeypatch):
+    """A loss that is not finite at the first step comes from the model as loaded, not from a
+    learning rate; and no checkpoint exists to point to."""
+    orig = LlamaForCausalLM.target_loss
+
+    def poisoned(self, *a, **k):
+        loss = orig(self, *a, **k)
+        loss.data[...] = np.inf
+        return loss
+    monkeypatch.setattr(LlamaForCausalLM, "target_loss", poisoned)
+    with pytest.raises(TrainingError) as e:
+        finetune(run_cfg(setup, tmp_path / "inf", save_every=2), progress=False)
+    assert str(e.value) == ("training stopped at step 1: the loss is inf (not finite); no "
+                            "checkpoint was written yet. It came before any update, from the "
+                            "model as loaded: its weights may hold NaN or inf; check them, or "
+                            "the data")
 
 
 def test_step_in_backward_stops_on_a_gradient_that_is_not_finite(setup, monkeypatch):

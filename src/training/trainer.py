@@ -8,7 +8,7 @@ from ..autodiff import on_complete_grad, without_autodiff
 from ..data import Batches
 from ..errors import TrainingError
 from ..tracker import rss_peak
-from .checkpoints import load_checkpoint, resume_candidates, save_checkpoint
+from .checkpoints import list_checkpoints, load_checkpoint, resume_candidates, save_checkpoint
 from .distributed import World, check_global_batch
 from .fingerprint import check_resume, default_settings, fingerprint
 from .metrics import MetricsLog
@@ -173,9 +173,7 @@ class Trainer:
                     self._apply_now(p)
             norm = math.sqrt(float(self._grad_sq))  # summed on the device: one host copy
             if not math.isfinite(norm):  # on a GPU, known only now: the update has taken it
-                raise TrainingError(self._bad_loss_message(norm, "gradient norm") + (
-                    "; the adapter in memory has taken this step's update: reload it from that "
-                    "checkpoint"))
+                raise TrainingError(self._bad_loss_message(norm, "gradient norm", taken=True))
         else:
             norm = self._clip_and_step(lr)
         self.opt.zero_grad()
@@ -213,11 +211,21 @@ class Trainer:
             self.opt.step(lr)
         return norm
 
-    def _bad_loss_message(self, value, what="loss"):
-        where = f" in {self.output_dir}/checkpoints" if self.output_dir else ""
-        return (f"training stopped at step {self.step + 1}: the {what} is {value} (not finite). "
-                f"The last good checkpoint{where} is intact; lower train.lr, set "
-                "train.max_grad_norm, or check the data")
+    def _bad_loss_message(self, value, what="loss", taken=False):
+        """taken: the adapter in memory has taken this step's update (a GPU's step_in_backward
+        learns the norm only after it)."""
+        kept = list_checkpoints(self.output_dir) if self.output_dir else []
+        where = (f"{kept[-1][1]} (step {kept[-1][0]}) is intact" if kept
+                 else "no checkpoint was written yet")
+        if taken:
+            where = f"the adapter in memory has taken this step's update; {where}"
+        if self.step == 0 and what == "loss":  # no update yet: no learning rate to blame
+            why = ("It came before any update, from the model as loaded: its weights may hold "
+                   "NaN or inf; check them, or the data")
+        else:
+            why = "Lower train.lr, set train.max_grad_norm, or check the data"
+        return (f"training stopped at step {self.step + 1}: the {what} is {value} (not finite); "
+                f"{where}. {why}")
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, resume=None):
