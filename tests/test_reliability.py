@@ -8,6 +8,7 @@ from pathlib import Path
 import model_factory as mf
 import numpy as np
 import packlora.training.run as run_module
+import packlora.training.trainer as trainer_module
 import pytest
 from packlora.adapters import load_adapter
 from packlora.cli import main
@@ -138,6 +139,41 @@ def test_resume_refuses_changed_settings_and_data(setup, tmp_path, reference):
     assert [r["step"] for r in res.history] == [5, 6]
 
 
+def _run_bytes(out):
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file()}
+
+
+def test_resume_auto_never_starts_over_on_a_run_it_cannot_continue(setup, tmp_path):
+    """A checkpoint written for another adapter shape is this run differing, not a damaged
+    checkpoint to pass over (it was passed over, and the fresh run then replaced the old one);
+    a refused resume leaves every file as it was; and when every checkpoint is damaged,
+    starting over needs overwrite: true."""
+    out = tmp_path / "run"
+    finetune(cfg(setup, out, max_steps=4), progress=False)
+    before = _run_bytes(out)
+    wider = cfg(setup, out, max_steps=4)
+    wider["lora"]["rank"] = 8
+    with pytest.raises(TrainingError, match=r"wrote .*step-4: lora.rank: 4 -> 8"):
+        finetune(wider, progress=False)
+    wider["resume_allow"] = ["lora.rank"]
+    with pytest.raises(TrainingError, match=r"step-4: cannot read checkpoint .*needs \(8, 64\)"):
+        finetune(wider, progress=False)
+    assert _run_bytes(out) == before  # run_config.yaml too: it still describes the run kept
+    for step in (2, 4):
+        (out / "checkpoints" / f"step-{step}" / MANIFEST).unlink()
+    before = _run_bytes(out)
+    with pytest.raises(TrainingError, match=r"no checkpoint to continue in .*step-2, .*step-4, "
+                                            r".*adapter_model.safetensors\); starting over "
+                                            r"would replace it: set overwrite: true"):
+        finetune(cfg(setup, out, max_steps=4), progress=False)
+    assert _run_bytes(out) == before
+    again = cfg(setup, out, max_steps=4)
+    again["overwrite"] = True
+    assert [r["step"] for r in finetune(again, progress=False).history] == [1, 2, 3, 4]
+    assert [s for s, _ in list_checkpoints(out)] == [2, 4]
+
+
 def test_resume_of_a_checkpoint_older_than_a_setting():
     """A checkpoint written before a setting existed ran with its default: resuming with the
     default is no change, with another value it is, and the message says from what."""
@@ -209,7 +245,7 @@ def test_full_disk_in_any_writer_is_one_line_and_keeps_the_checkpoint(setup, tmp
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(out / writer))
     target = {"metrics": (MetricsLog, "write"), "plot": (MetricsLog, "plot"),
-              "run_config": (run_module, "write_text")}[writer]
+              "run_config": (trainer_module, "write_text")}[writer]
     monkeypatch.setattr(*target, full)
     longer = cfg(setup, out, max_steps=8)
     longer["resume_allow"] = ["train.max_steps"]

@@ -89,6 +89,21 @@ def list_checkpoints(output_dir):
     return [(s, p) for s, p in _step_dirs(output_dir) if incomplete_reason(p) is None]
 
 
+def start_over(output_dir, overwrite):
+    """resume: auto found no checkpoint to continue. Starting at step 0 where a run is kept (its
+    adapter, or checkpoints too damaged to read) would replace that run: a TrainingError unless
+    overwrite, which first drops the unreadable checkpoints (the new run's would mix with them)."""
+    out = Path(output_dir)
+    steps = [p for _, p in _step_dirs(out)]  # none of them could be read
+    held = [str(p) for p in steps] + ([str(out / WEIGHTS)] if (out / WEIGHTS).is_file() else [])
+    if held and not overwrite:
+        raise TrainingError(f"resume: no checkpoint to continue in {out}, which holds a run "
+                            f"({', '.join(held)}); starting over would replace it: set "
+                            "overwrite: true for that")
+    for p in steps:
+        shutil.rmtree(p)
+
+
 def what_is_kept(output_dir):
     """An interrupted run's last words: which checkpoint holds it and how to continue."""
     kept = list_checkpoints(output_dir)
@@ -151,15 +166,30 @@ def resume_candidates(output_dir, resume):
     return out, notes
 
 
-def load_checkpoint(path, model, optimizer):
-    """Verify, then restore adapter weights and optimizer state; returns the trainer state."""
+def read_state(path):
+    """The trainer state of a checkpoint, after verifying every file (TrainingError when it is
+    damaged or incomplete): what resume compares before anything is restored."""
     path = Path(path)
     verify_checkpoint(path)
     try:
+        state = json.loads((path / STATE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TrainingError(f"{path}: cannot read checkpoint ({e})") from None
+    if not isinstance(state, dict):
+        raise TrainingError(f"{path / STATE}: cannot read checkpoint (not a JSON object)")
+    return state
+
+
+def load_checkpoint(path, model, optimizer, state=None):
+    """Restore adapter weights and optimizer state (the checkpoint verified first unless its
+    `state`, read_state's, is given); returns the trainer state. A checkpoint that verifies
+    but does not fit the model is a TrainingError too."""
+    path = Path(path)
+    state = read_state(path) if state is None else state
+    try:
         load_adapter(model, path)
         arrays = load_safetensors(path / OPTIM)
-        state = json.loads((path / STATE).read_text(encoding="utf-8"))
-    except Exception as e:  # a damaged file names itself
+    except Exception as e:  # a damaged file or another run's adapter names itself
         raise TrainingError(f"{path}: cannot read checkpoint ({e})") from None
     try:
         optimizer.load_state_arrays(arrays, state["optimizer_step"])

@@ -13,14 +13,12 @@ from ..config import resolve_config
 from ..data import build_datasets
 from ..device import Device
 from ..errors import ConfigError, PackloraError, TrainingError
-from ..fileio import write_text
 from ..models import load_model
 from .checkpoints import list_checkpoints, what_is_kept
 from .distributed import World
-from .trainer import train
+from .trainer import RUN_CONFIG, train
 
-_RUN_FILES = ("metrics.jsonl", "checkpoints", WEIGHTS, CONFIG, TEMPLATE, "run_config.yaml",
-              "loss.png")
+_RUN_FILES = ("metrics.jsonl", "checkpoints", WEIGHTS, CONFIG, TEMPLATE, RUN_CONFIG, "loss.png")
 
 
 @dataclass
@@ -97,7 +95,6 @@ def _finetune(cfg, progress, world):
     if main:
         clear_output_dir(out, replaced)
         _warn_past_context(cfg.model, model.config.max_position_embeddings, train_ex, valid_ex)
-        write_text(out / "run_config.yaml", cfg.to_yaml())
     if progress and main:
         ranks = f" on {world.size} ranks" if world.size > 1 else ""
         print(f"packlora: {len(train_ex)} training examples{ranks}, "

@@ -1,14 +1,23 @@
 """The training loop: AdamW steps over batches, accumulation, clipping, eval, checkpoints, logs."""
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 
 from ..autodiff import on_complete_grad, without_autodiff
 from ..data import Batches
 from ..errors import TrainingError
+from ..fileio import write_text
 from ..tracker import rss_peak
-from .checkpoints import list_checkpoints, load_checkpoint, resume_candidates, save_checkpoint
+from .checkpoints import (
+    list_checkpoints,
+    load_checkpoint,
+    read_state,
+    resume_candidates,
+    save_checkpoint,
+    start_over,
+)
 from .distributed import World, check_global_batch
 from .fingerprint import check_resume, default_settings, fingerprint
 from .metrics import MetricsLog
@@ -42,6 +51,9 @@ def _memory_record(mem):
     return rec
 
 
+RUN_CONFIG = "run_config.yaml"  # the resolved config of the run in output_dir
+
+
 class Trainer:
     """Runs `cfg` (a TrainConfig) on a model with LoRA adapters applied."""
 
@@ -54,6 +66,8 @@ class Trainer:
         self.fingerprint = fingerprint(compared, train_examples, self.world.size)
         self.setting_defaults = default_settings(compared)
         self.resume_allow = tuple(getattr(run_config, "resume_allow", ()) or ())
+        self.overwrite = bool(getattr(run_config, "overwrite", False))
+        self.run_config = run_config
         self.output_dir, self.pad_id = output_dir, pad_id
         self.device = model.device
         params = model.trainable()
@@ -120,8 +134,8 @@ class Trainer:
             else ([], [])
         for path in candidates:
             try:
-                state = load_checkpoint(path, self.model, self.opt)
-            except TrainingError as e:
+                state = read_state(path)
+            except TrainingError as e:  # damaged or incomplete: auto falls back past it
                 if str(resume) != "auto":
                     raise
                 notes.append(f"skipped checkpoint {path}: {e}")
@@ -129,13 +143,15 @@ class Trainer:
             for note in notes:
                 log(note)
             check_resume(state.get("fingerprint"), self.fingerprint, self.resume_allow, path,
-                         self.setting_defaults)
+                         self.setting_defaults)  # another run's checkpoint is an error, not
+            load_checkpoint(path, self.model, self.opt, state)  # one to pass over
             self._resumed_state = state
             self._apply_state(state)
             return path
         for note in notes:
             log(note)
         if self.output_dir and str(resume) == "auto":
+            start_over(self.output_dir, self.overwrite)
             log(f"no checkpoint to resume from in {self.output_dir}: starting at step 0")
         return None
 
@@ -232,6 +248,8 @@ class Trainer:
         cfg, main = self.cfg, self.world.is_main  # rank 0 alone evaluates and writes
         resumed = self.resume_from(resume, log=lambda text: print(f"packlora: {text}", flush=True))
         writes = self.output_dir if main else None
+        if writes and hasattr(self.run_config, "to_yaml"):  # once resume has taken this run
+            write_text(Path(writes) / RUN_CONFIG, self.run_config.to_yaml())
         metrics = MetricsLog(writes, truncate_after=self.step) if writes else None
         bar = Progress(self.total, self.step, enabled=self.progress_enabled and main)
         if resumed:
