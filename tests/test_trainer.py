@@ -396,3 +396,24 @@ def test_overwrite_replaces_a_run(setup, tmp_path):
     assert list_checkpoints(out) == []  # the old run's checkpoints are gone
     recs = (out / "metrics.jsonl").read_text().splitlines()
     assert len(recs) == 1
+
+
+def test_resume_from_another_folder_does_not_write_over_a_run(setup, tmp_path):
+    """resume: <another run's checkpoint> into an output_dir that holds a run would rotate that
+    run's checkpoints away and replace its adapter: refused unless overwrite: true."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        finetune(run_cfg(setup, out, max_steps=2, save_every=2), progress=False)
+    before = {p.relative_to(a): p.read_bytes() for p in a.rglob("*") if p.is_file()}
+    c = run_cfg(setup, a, max_steps=2, save_every=2)
+    c["resume"] = str(b / "checkpoints" / "step-2")
+    with pytest.raises(ConfigError, match=r"already holds a run .*\(resume: .*b/checkpoints/"
+                                          r"step-2 is another folder's checkpoint\)"):
+        finetune(c, progress=False)
+    assert {p.relative_to(a): p.read_bytes() for p in a.rglob("*") if p.is_file()} == before
+    c["resume"] = str(a / "checkpoints" / "step-2")  # its own checkpoint: a resume as usual
+    assert finetune(c, progress=False).history == []
+    c["resume"], c["overwrite"] = str(b / "checkpoints" / "step-2"), True
+    assert finetune(c, progress=False).history == []  # b's state, in a's place
+    assert (a / "adapter_model.safetensors").read_bytes() == \
+        (b / "adapter_model.safetensors").read_bytes()

@@ -44,7 +44,8 @@ class MetricsLog:
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.grid(alpha=0.3)
-        ax.legend()
+        if train or evals:  # a run resumed with nothing left to train may have no records
+            ax.legend()
         fig.tight_layout()
         with atomic_path(out_path, ".png") as tmp:
             fig.savefig(tmp, dpi=110, format="png")

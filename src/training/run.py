@@ -34,12 +34,23 @@ def check_output_dir(cfg):
     ConfigError when they would be mixed with this run's (neither resume nor overwrite)."""
     out = Path(cfg.output_dir)
     existing = [n for n in _RUN_FILES if (out / n).exists()]
-    if not existing or cfg.resume is not None:
+    if not existing or _continues(cfg.resume, out):
         return []
     if not cfg.overwrite:
-        raise ConfigError(f"output_dir: {out} already holds a run ({', '.join(existing)}); "
-                          "set resume: auto to continue it, or overwrite: true to replace it")
+        elsewhere = f" (resume: {cfg.resume} is another folder's checkpoint)" if cfg.resume else ""
+        raise ConfigError(f"output_dir: {out} already holds a run ({', '.join(existing)})"
+                          f"{elsewhere}; set resume: auto to continue it, or overwrite: true "
+                          "to replace it")
     return existing
+
+
+def _continues(resume, out):
+    """Whether `resume` continues the run in `out`: auto, or one of its own checkpoints."""
+    if resume is None:
+        return False
+    if str(resume) == "auto":
+        return True
+    return Path(resume).resolve().is_relative_to((out / "checkpoints").resolve())
 
 
 def clear_output_dir(out, replaced):
