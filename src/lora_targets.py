@@ -68,11 +68,22 @@ def pattern_value(path, patterns, default):
     return default
 
 
+def _check_layers(modules, wanted):
+    """ConfigError naming the lora.layers the model does not have."""
+    have = {i for p, _, _ in modules if (i := layer_index(p)) is not None}
+    missing = sorted((wanted or set()) - have)
+    if missing:
+        span = f"0 to {max(have)}" if have else "none"
+        raise ConfigError(f"lora.layers: the model has no layer {', '.join(map(str, missing))} "
+                          f"(its layers: {span})")
+
+
 def targets_for(modules, lora) -> list[Target]:
     """The adapters a LoraConfig puts on `modules`, [(path, n_out, n_in)] of every linear layer
     that can carry one, in model order. A listed target no module matches, or a config that
     matches nothing, is a ConfigError naming the available module names."""
     wanted = None if lora.layers is None else set(lora.layers)
+    _check_layers(modules, wanted)
     found = []
     for path, n_out, n_in in modules:
         if not matches(path, lora.targets):
@@ -86,9 +97,13 @@ def targets_for(modules, lora) -> list[Target]:
     available = ", ".join(sorted({p.rsplit(".", 1)[-1] for p, _, _ in modules}))
     if isinstance(lora.targets, list):
         for t in lora.targets:
-            if not any(a.path == t or a.path.endswith("." + t) for a in found):
-                raise ConfigError(f"lora.targets: no module named {t!r}; available linear "
-                                  f"modules: {available}")
+            if any(matches(a.path, [t]) for a in found):
+                continue
+            if any(matches(p, [t]) for p, _, _ in modules):
+                raise ConfigError(f"lora.targets: {t!r} is in none of lora.layers "
+                                  f"{sorted(wanted)}")
+            raise ConfigError(f"lora.targets: no module named {t!r}; available linear "
+                              f"modules: {available}")
     if not found:
         raise ConfigError(f"lora.targets: {lora.targets!r} matched no linear module "
                           f"(available: {available})")

@@ -85,6 +85,18 @@ def test_unknown_target_lists_available(hf_dir):
         apply_lora(_model(hf_dir), {"targets": r"nothing\.here"})
 
 
+def test_layers_the_model_lacks_are_named_as_layers(hf_dir):
+    """A layer index past the model's said "no module named 'q_proj'" while listing q_proj."""
+    last = mf.LAYERS - 1
+    with pytest.raises(ConfigError) as e:
+        apply_lora(_model(hf_dir), {"targets": ["q_proj"], "layers": [0, 99, 7 + mf.LAYERS]})
+    assert str(e.value) == (f"lora.layers: the model has no layer {7 + mf.LAYERS}, 99 (its "
+                            f"layers: 0 to {last})")
+    with pytest.raises(ConfigError) as e:  # lm_head lies in no decoder layer
+        apply_lora(_model(hf_dir), {"targets": ["q_proj", "lm_head"], "layers": [last]})
+    assert str(e.value) == f"lora.targets: 'lm_head' is in none of lora.layers [{last}]"
+
+
 def test_kaiming_and_gaussian_init(hf_dir):
     m = apply_lora(_model(hf_dir), {"targets": "all-linear", "rank": 8})
     for path in m.lora_paths:
