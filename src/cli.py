@@ -271,8 +271,21 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt
 
 
+def parse_args(argv=None):
+    """The parsed command line. `key.path=value` overrides may also follow the flags
+    (`finetune run.yaml --quiet train.lr=1e-4`): argparse ends a positional list at a flag."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(x.startswith("-") or "=" not in x
+                                                 for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def _run(argv):
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     warnings.showwarning = _warn_one_line
     signal.signal(signal.SIGTERM, _terminated)
     try:

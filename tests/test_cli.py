@@ -127,6 +127,20 @@ def test_cli_finetune_bad_override(tiny, tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_cli_overrides_may_follow_the_flags(tmp_path):
+    """`finetune run.yaml --quiet train.lr=1` said "unrecognized arguments: train.lr=1"."""
+    args = cli.parse_args(["finetune", "c.yaml", "a.b=1", "--quiet", "train.lr=2", "x=3"])
+    assert (args.config, args.overrides, args.quiet) == ("c.yaml", ["a.b=1", "train.lr=2", "x=3"],
+                                                         True)
+    args = cli.parse_args(["memory-report", "c.yaml", "--json", "lora.rank=4"])
+    assert args.overrides == ["lora.rank=4"] and args.json
+    for argv in (["finetune", "c.yaml", "--quiet", "--nope"], ["finetune", "c.yaml", "--quiet",
+                                                               "stray"],
+                 ["inspect", "m", "--json", "a=1"]):
+        with pytest.raises(SystemExit):
+            cli.parse_args(argv)
+
+
 # --- generate, eval, inspect -----------------------------------------------------------------
 def test_cli_generate_tiny_matches_api(tiny, capsys):
     model = tiny / "model"
@@ -254,6 +268,10 @@ output_dir: {tmp_path / 'out'}
     err = capsys.readouterr().err
     assert err.startswith("packlora: warning: data: rows of up to ") and err.count("\n") == 1
     assert f"longer than the context of {folder} (16 positions)" in err
+    assert main(["finetune", str(run), "--quiet", "train.batch_size=50",
+                 f"output_dir={tmp_path / 'out2'}"]) == 0
+    assert ("packlora: warning: train.batch_size: 50 is more than the 9 training rows; every "
+            "step takes all 9") in capsys.readouterr().err.splitlines()
 
 
 def test_generate_api_refuses_a_prompt_of_the_wrong_kind(tiny):

@@ -106,6 +106,7 @@ def _finetune(cfg, progress, world):
     if main:
         clear_output_dir(out, replaced)
         _warn_past_context(cfg.model, model.config.max_position_embeddings, train_ex, valid_ex)
+        _warn_batch_past_data(cfg.train.batch_size, len(train_ex))
     if progress and main:
         ranks = f" on {world.size} ranks" if world.size > 1 else ""
         print(f"packlora: {len(train_ex)} training examples{ranks}, "
@@ -125,6 +126,13 @@ def _warn_past_context(name, context, *sets):
         warnings.warn(f"data: rows of up to {longest} tokens are longer than the context of "
                       f"{name} ({context} positions); set data.max_seq_len: {context} unless "
                       "the run is meant to extend the context", stacklevel=2)
+
+
+def _warn_batch_past_data(batch_size, rows):
+    """A batch larger than the training set is the whole set, every step."""
+    if batch_size > rows:
+        warnings.warn(f"train.batch_size: {batch_size} is more than the {rows} training rows; "
+                      f"every step takes all {rows}", stacklevel=2)
 
 
 def _save_final(model, out):
