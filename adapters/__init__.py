@@ -1,4 +1,4 @@
-"""LoRA / DoRA adapters: layers, injection, PEFT-format I/O, merging."""
+"""LoRA / DoRA adapters: layers, injection, PEFT-format I/O, llama.cpp LoRA GGUFs in, merging."""
 from .inject import apply_lora, linear_modules, select_targets
 from .lora import LoraLinear, LoraMatmul
 from .peft_io import adapter_state, load_adapter, save_adapter

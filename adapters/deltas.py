@@ -27,9 +27,10 @@ BASES = ("float", "quantized")  # what a float base weight is merged into: W, or
 class AdapterDeltas:
     """{module path: (A (r, in), B (out, r), magnitude (out,) or None)} of an adapter folder."""
 
-    def __init__(self, adapter_dir):
+    def __init__(self, adapter_dir, base_config=None):
+        """base_config: the base's ModelConfig, which a llama.cpp LoRA GGUF needs."""
         self.path = str(adapter_dir)
-        self.config, tensors = read_adapter(adapter_dir)
+        self.config, tensors = read_adapter(adapter_dir, base_config)
         self.chat_template = adapter_chat_template(adapter_dir)  # None: the base's stays
         self.recorded = recorded_base(adapter_dir) or {}  # the base it was trained on
         self.trained_quant = self.recorded.get("quant") or {}

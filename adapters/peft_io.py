@@ -14,6 +14,7 @@ from ..models.identity import base_mismatch, identity_metadata, recorded_identit
 from ..nn import Linear, PackedLinear
 from ..quant import REGISTRY
 from ..tokenizer import chat_template_text
+from .gguf_lora import is_adapter_gguf, read_gguf_lora
 from .inject import apply_lora
 from .lora import LoraLinear
 
@@ -127,14 +128,16 @@ def adapter_chat_template(adapter_dir):
 
 
 def check_adapter_folder(adapter_dir):
-    """(config path, weights path) of a PEFT adapter folder; a ModelError when it is not one
-    (cheap: callers check this before a base model loads)."""
+    """(config path, weights path) of a PEFT adapter folder, or None for a llama.cpp adapter
+    GGUF; a ModelError when it is neither (cheap: callers check before a base model loads)."""
     d = Path(adapter_dir)
     if d.is_file():
-        what = ("a GGUF file; the adapter is read from the PEFT-format folder that "
-                "export-gguf writes such a file from" if d.suffix.lower() == ".gguf" else "a file")
-        raise ModelError(f"{d}: {what}, not an adapter folder ({CONFIG} + {WEIGHTS}: a run's "
-                         "output_dir, a checkpoint, or a PEFT adapter folder)")
+        if d.suffix.lower() == ".gguf" and is_adapter_gguf(d):
+            return None
+        what = "a model GGUF" if d.suffix.lower() == ".gguf" else "a file"
+        raise ModelError(f"{d}: {what}, not an adapter ({CONFIG} + {WEIGHTS}: a run's "
+                         "output_dir, a checkpoint, a PEFT adapter folder; or a llama.cpp "
+                         "LoRA GGUF)")
     cfg_path, w_path = d / CONFIG, d / WEIGHTS
     for p in (cfg_path, w_path):
         if not p.is_file():
@@ -142,9 +145,25 @@ def check_adapter_folder(adapter_dir):
     return cfg_path, w_path
 
 
-def read_adapter(adapter_dir):
-    """(config dict, {key: array}) of a PEFT adapter folder, with clear errors."""
-    cfg_path, w_path = check_adapter_folder(adapter_dir)
+def read_adapter(adapter_dir, base_config=None):
+    """(config dict, {key: array}) of a PEFT adapter folder or a llama.cpp LoRA GGUF, with clear
+    errors. A GGUF needs `base_config` (the ModelConfig of its base: its Q/K head counts)."""
+    paths = check_adapter_folder(adapter_dir)
+    if paths is None:
+        if base_config is None:
+            raise ModelError(f"{adapter_dir}: a llama.cpp LoRA GGUF is read with its base "
+                             "model (for the row order of its Q/K tensors)")
+        cfg, tensors = read_gguf_lora(adapter_dir, base_config)
+        w_path = adapter_dir
+    else:
+        cfg, tensors = _read_peft(*paths)
+        w_path = paths[1]
+    for key, value in tensors.items():
+        _check_weights(w_path, key, value)
+    return cfg, tensors
+
+
+def _read_peft(cfg_path, w_path):
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -155,8 +174,6 @@ def read_adapter(adapter_dir):
         tensors = load_safetensors(w_path)
     except Exception as e:  # safetensors raises its own error types on damaged files
         raise ModelError(f"{w_path}: cannot read adapter weights ({e})") from None
-    for key, value in tensors.items():
-        _check_weights(w_path, key, value)
     return cfg, tensors
 
 
@@ -203,8 +220,9 @@ def strip_key(key):
 
 
 def load_adapter(model, adapter_dir):
-    """Load a PEFT-format adapter (ours or PEFT's) into `model`, applying LoRA if needed."""
-    cfg, tensors = read_adapter(adapter_dir)
+    """Load a PEFT-format adapter (ours or PEFT's), or a llama.cpp LoRA GGUF, into `model`,
+    applying LoRA if needed."""
+    cfg, tensors = read_adapter(adapter_dir, model.config)
     weights = {}
     for key, value in tensors.items():
         k = strip_key(key)

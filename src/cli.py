@@ -33,7 +33,8 @@ _QUANT_HELP = ", ".join(f"{f} (default)" if f == "nf4" else f
                         for f in (*FORMATS, *PRESETS, "none"))
 _DEBUG_HELP = "print the full traceback of an unexpected error"
 _DEVICE_HELP = "cpu (the default), cuda or cuda:N"
-_ADAPTER_HELP = "a run's output folder, a checkpoint, or a PEFT-format adapter folder"
+_PEFT_HELP = "a run's output folder, a checkpoint, or a PEFT-format adapter folder"
+_ADAPTER_HELP = f"{_PEFT_HELP}; or a llama.cpp LoRA GGUF"
 _MAX_NEW_HELP = ("at most this many new tokens (default %(default)s); generation also stops at "
                  "the end of the model's context")
 
@@ -186,7 +187,7 @@ def _merge_args(p):
 
 
 def _export_gguf_args(p):
-    p.add_argument("adapter", help=_ADAPTER_HELP)
+    p.add_argument("adapter", help=_PEFT_HELP)
     p.add_argument("--out", required=True, help="the .gguf file to write (must not exist)")
     p.add_argument("--model", default=None,
                    help="the base it will run on (default: the adapter's base_model_name_or_path)")

@@ -56,7 +56,7 @@ def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     out = check_new_folder(out_dir)
     src = open_source(resolve_source(source))
-    delta = AdapterDeltas(adapter) if adapter else None
+    delta = AdapterDeltas(adapter, src.config) if adapter else None
     names = sorted(src.names())
     if delta is not None:
         delta.check_mergeable(src)

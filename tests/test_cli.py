@@ -330,8 +330,9 @@ def test_cli_adapter_gguf_and_files_are_named(tiny, tmp_path, monkeypatch, capsy
                                            "model; give its base model as the model (llama.cpp "
                                            "runs the two with --lora)\n")
     monkeypatch.setattr(cli, "load_model", lambda *a, **k: pytest.fail("the base loaded first"))
-    for adapter, words in ((ad, "a GGUF file; the adapter is read from the PEFT-format folder"),
-                           (tiny / "train.jsonl", "a file, not an adapter folder")):
+    model_gguf, _ = mf.write_gguf(tmp_path / "model.gguf", "llama")
+    for adapter, words in ((model_gguf, "a model GGUF, not an adapter"),
+                           (tiny / "train.jsonl", "a file, not an adapter")):
         assert main(["generate", "--model", str(tiny / "model"), "--adapter", str(adapter),
                      "--prompt", "x"]) == 2
         err = capsys.readouterr().err

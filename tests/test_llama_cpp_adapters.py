@@ -2,8 +2,8 @@
 it: an adapter trained by `packlora finetune` on the shipped SmolLM2 GGUF, exported with
 export-gguf, makes llama.cpp answer the prompts it was trained on, and so does the merged GGUF
 on its own, while the base alone does not; the change an adapter makes to llama.cpp's logits
-is the change it makes to packlora's; a GGUF merged from a Hugging Face base tokenizes as
-packlora does and answers too."""
+is the change it makes to packlora's, from the run folder or from the GGUF llama.cpp read; a
+GGUF merged from a Hugging Face base tokenizes as packlora does and answers too."""
 import ctypes
 import importlib.util
 import json
@@ -109,11 +109,12 @@ def test_the_adapter_changes_llama_cpp_logits_as_it_changes_packlora_s(llama_cpp
         warnings.simplefilter("ignore", BaseMismatchWarning)  # trained on the Q4_1 file
         adapter = export_gguf_adapter(run, tmp_path / "a.gguf", model=f32_base)
         ours = load_adapter(load_model(f32_base, quant="none"), run)
+    from_file = load_adapter(load_model(f32_base, quant="none"), adapter)  # what llama.cpp reads
     tok = load_tokenizer(f32_base)
     ids = tok.apply_chat_template([{"role": "user", "content": FACTS[2][0]}], tokenize=True)
     with without_autodiff():
         mine = [m(np.array([ids])).numpy()[0, -1]
-                for m in (load_model(f32_base, quant="none"), ours)]
+                for m in (load_model(f32_base, quant="none"), ours, from_file)]
     theirs = []
     for lora in (None, adapter):
         llm = _llama(llama_cpp, f32_base, lora)
@@ -123,6 +124,9 @@ def test_the_adapter_changes_llama_cpp_logits_as_it_changes_packlora_s(llama_cpp
     d_mine, d_theirs = mine[1] - mine[0], theirs[1] - theirs[0]
     assert np.linalg.norm(d_mine) > 10                          # the adapter does something
     assert np.linalg.norm(d_theirs - d_mine) < 0.05 * np.linalg.norm(d_mine)
+    d_file = mine[2] - mine[0]  # the adapter GGUF read back: llama.cpp's change, and the run's
+    assert np.linalg.norm(d_theirs - d_file) < 0.05 * np.linalg.norm(d_file)
+    assert np.linalg.norm(d_file - d_mine) < 1e-4 * np.linalg.norm(d_mine)
 
 
 def test_a_gguf_merged_from_an_hf_base_tokenizes_and_answers(llama_cpp, runs, tmp_path):

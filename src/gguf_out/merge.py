@@ -128,7 +128,7 @@ def merge_to_gguf(model, adapter, out, quantize_to=None, base_mode=None):
                          f"got {quantize_to!r}")
     out = check_new_output(out)
     base = BaseLayout.open(model)
-    deltas = AdapterDeltas(adapter)
+    deltas = AdapterDeltas(adapter, base.config)
     mode = deltas.base_mode(base_mode)
     if base.gguf is None and quantize_to is None:
         quantize_to = "f16"
