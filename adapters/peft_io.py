@@ -127,9 +127,9 @@ def adapter_chat_template(adapter_dir):
     return chat_template_text(cfg.get("chat_template"), path)
 
 
-def check_adapter_folder(adapter_dir):
-    """(config path, weights path) of a PEFT adapter folder, or None for a llama.cpp adapter
-    GGUF; a ModelError when it is neither (cheap: callers check before a base model loads)."""
+def check_adapter_path(adapter_dir):
+    """(config path, weights path) of a PEFT adapter folder, or None for a llama.cpp LoRA GGUF;
+    a ModelError when it is neither (cheap: callers check before a base model loads)."""
     d = Path(adapter_dir)
     if d.is_file():
         if d.suffix.lower() == ".gguf" and is_adapter_gguf(d):
@@ -148,7 +148,7 @@ def check_adapter_folder(adapter_dir):
 def read_adapter(adapter_dir, base_config=None):
     """(config dict, {key: array}) of a PEFT adapter folder or a llama.cpp LoRA GGUF, with clear
     errors. A GGUF needs `base_config` (the ModelConfig of its base: its Q/K head counts)."""
-    paths = check_adapter_folder(adapter_dir)
+    paths = check_adapter_path(adapter_dir)
     if paths is None:
         if base_config is None:
             raise ModelError(f"{adapter_dir}: a llama.cpp LoRA GGUF is read with its base "

@@ -7,7 +7,7 @@ import traceback
 import warnings
 
 from .adapters import load_adapter
-from .adapters.peft_io import check_adapter_folder
+from .adapters.peft_io import check_adapter_path
 from .adapters.deltas import BASES
 from .config import resolve_config
 from .device import Device
@@ -52,7 +52,7 @@ def _cmd_finetune(a):
 def _load(a):
     dev = Device.parse(a.device)
     if getattr(a, "adapter", None):
-        check_adapter_folder(a.adapter)  # a mistyped path, before a base model loads
+        check_adapter_path(a.adapter)  # a mistyped path, before a base model loads
     model = load_model(a.model, dev, quant=a.quant)
     if getattr(a, "adapter", None):
         load_adapter(model, a.adapter)

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as GGML
 from gguf import GGUFValueType
 
 from ..adapters.deltas import AdapterDeltas
-from ..adapters.peft_io import check_adapter_folder
+from ..adapters.peft_io import check_adapter_path
 from ..config import lora_scale
 from ..errors import ModelError
 from ..models.gguf_file import gguf_name
@@ -76,7 +76,7 @@ def export_gguf_adapter(adapter, out, model=None, outtype="f32"):
     adapter_config.json names. outtype: f32, f16 or q8_0. Returns the output path."""
     if outtype not in OUTTYPES:
         raise ModelError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
-    if check_adapter_folder(adapter) is None:
+    if check_adapter_path(adapter) is None:
         raise ModelError(f"{adapter}: already a llama.cpp LoRA GGUF")
     out = check_new_output(out)
     deltas = AdapterDeltas(adapter)
