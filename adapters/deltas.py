@@ -6,7 +6,7 @@ adapted model computed."""
 import numpy as np
 
 from ..config import lora_scale
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from ..lora_targets import pattern_value
 from ..models.tensors import EMBEDDING_WEIGHTS
 from ..quant import quantize
@@ -78,6 +78,36 @@ class AdapterDeltas:
             if shape != (b.shape[0], a.shape[1]):
                 raise ModelError(f"{self.path}: {path} adapts a ({b.shape[0]}, {a.shape[1]}) "
                                  f"weight, {source.path} has {shape}: not this adapter's base")
+
+    def load_into(self, model):
+        """Set the adapters apply_lora gave `model` to this adapter's weights (a run that
+        continues training it: lora.start_from). Each module it adapts must be one the run
+        adapts, with its rank and its scale; the run's other adapters keep their start."""
+        if self.config.get("init_lora_weights") == "loftq":
+            raise ConfigError(f"lora.start_from: {self.path} is a LoftQ adapter, fitted to a "
+                              "base LoftQ changed; start from it with lora.init: loftq instead")
+        if self.other:
+            raise ConfigError(f"lora.start_from: {self.path} holds {self.other[0]!r}, which is "
+                              "not a LoRA or DoRA weight of a linear layer")
+        for path, (a, b, mag) in sorted(self.modules.items()):
+            layer = model.get_module(path) if path in model.lora_paths else None
+            if layer is None:
+                raise ConfigError(f"lora.start_from: {self.path} adapts {path}, which "
+                                  "lora.targets / lora.layers leave out")
+            have = (layer.rank, float(layer.scale), layer.lora_magnitude_vector is not None)
+            want = (a.shape[0], float(self.scale(path)), mag is not None)
+            if have[0] != want[0] or not np.isclose(have[1], want[1], rtol=1e-6) \
+                    or have[2] != want[2]:
+                raise ConfigError(f"lora.start_from: {path} has rank {want[0]}, scale "
+                                  f"{want[1]:g}{', DoRA' * want[2]} in {self.path}; the run's "
+                                  f"lora section gives rank {have[0]}, scale {have[1]:g}"
+                                  f"{', DoRA' * have[2]}")
+            xp = layer.lora_A.device.xp
+            layer.lora_A.data[...] = xp.asarray(a)
+            layer.lora_B.data[...] = xp.asarray(b)
+            if mag is not None:
+                layer.lora_magnitude_vector.data[...] = xp.asarray(mag)
+        return model
 
     def check_base(self, identity):
         """Warn when `identity` is not the base the adapter recorded (peft_io.check_base)."""

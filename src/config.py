@@ -98,6 +98,14 @@ class LoraConfig(_Section):
     use_dora: bool = False
     init: Literal["kaiming", "gaussian", "loftq"] = "kaiming"
     loftq_iter: Int = Field(1, ge=1)  # LoftQ's alternations of quantization and SVD
+    start_from: str | None = None  # an adapter whose weights the run starts from
+
+    @model_validator(mode="after")
+    def _check_start(self) -> LoraConfig:
+        if self.start_from is not None and self.init == "loftq":
+            raise ValueError("start_from: a run starts from an adapter's weights or from "
+                             "LoftQ's, not both (set init: kaiming)")
+        return self
 
     @field_validator("targets", mode="before")
     @classmethod

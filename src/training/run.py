@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from ..adapters import apply_lora, save_adapter
-from ..adapters.peft_io import CONFIG, TEMPLATE, WEIGHTS
+from ..adapters.deltas import AdapterDeltas
+from ..adapters.peft_io import CONFIG, TEMPLATE, WEIGHTS, check_adapter_path
 from ..config import resolve_config
 from ..data import build_datasets
 from ..device import Device
-from ..errors import ConfigError, PackloraError, TrainingError
+from ..errors import ConfigError, ModelError, PackloraError, TrainingError
 from ..models import load_model
 from .checkpoints import list_checkpoints, what_is_kept
 from .distributed import World
@@ -98,8 +99,15 @@ def _finetune(cfg, progress, world):
     out = Path(cfg.output_dir)
     replaced = check_output_dir(cfg) if main else []
     device = run_device(cfg, world)
+    if cfg.lora.start_from:
+        try:
+            check_adapter_path(cfg.lora.start_from)  # before the model loads
+        except ModelError as e:
+            raise ConfigError(f"lora.start_from: {e}") from None
     model = load_model(cfg.model, device, quant=cfg.quant)
     apply_lora(model, cfg.lora)  # the same initial adapter on every rank
+    if cfg.lora.start_from:
+        _start_from(model, cfg.lora.start_from)
     if world.size > 1:  # then a dropout stream of its own per rank
         device.seed(int(np.random.SeedSequence([cfg.train.seed, world.rank]).generate_state(1)[0]))
     train_ex, valid_ex, stats = build_datasets(cfg.data, model.tokenizer, cfg.train.seed)
@@ -116,6 +124,14 @@ def _finetune(cfg, progress, world):
     if main:
         _save_final(model, out)
     return FinetuneResult(model, history, out, stats)
+
+
+def _start_from(model, adapter):
+    """The run's adapters set to the weights of `adapter` (lora.start_from)."""
+    deltas = AdapterDeltas(adapter, model.config)
+    deltas.load_into(model)
+    if getattr(model, "base_identity", None):
+        deltas.check_base(model.base_identity)  # trained on another base: said
 
 
 def _warn_past_context(name, context, *sets):
