@@ -42,7 +42,8 @@ def _init_adapter(layer, init, device):
 def apply_lora(model, cfg):
     """Wrap the targeted linear layers of `model` in LoRA/DoRA adapters; freeze everything else.
     `cfg` is a packlora.LoraConfig (or a dict with its fields, validated with the defaults of
-    YAML's `lora:` section). Returns the model."""
+    YAML's `lora:` section). The adapters start fresh: its start_from is finetune's to apply
+    (AdapterDeltas(path, model.config).load_into(model) does it here). Returns the model."""
     cfg = lora_config(cfg)
     device = model.device
     for _, p in model.named_parameters():
