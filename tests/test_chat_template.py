@@ -74,3 +74,16 @@ def test_merges_carry_the_template(run, tmp_path):
     merge(base, out, tmp_path / "m.gguf", quantize="f16")
     field = GGUFReader(tmp_path / "m.gguf").fields["tokenizer.chat_template"]
     assert bytes(field.parts[field.data[0]]).decode() == TEMPLATE_TEXT
+
+
+def test_a_run_started_from_the_adapter_trains_in_its_template(run, tmp_path):
+    """lora.start_from with no data.chat_template: the rows are rendered as the adapter was
+    trained (this base has no template of its own, so they could not be rendered at all)."""
+    base, out = run
+    finetune({"model": str(base), "quant": {"format": "q8_0"},
+              "lora": {"rank": 2, "alpha": 4, "targets": ["q_proj", "v_proj"],
+                       "start_from": str(out)},
+              "data": {"train": str(base.parent / "train.jsonl"), "max_seq_len": 64},
+              "train": {"max_steps": 1, "batch_size": 2, "lr": 1e-3},
+              "output_dir": str(tmp_path / "again")}, progress=False)
+    assert (tmp_path / "again" / TEMPLATE).read_text() == TEMPLATE_TEXT

@@ -107,7 +107,7 @@ def _finetune(cfg, progress, world):
     model = load_model(cfg.model, device, quant=cfg.quant)
     apply_lora(model, cfg.lora)  # the same initial adapter on every rank
     if cfg.lora.start_from:
-        _start_from(model, cfg.lora.start_from)
+        _start_from(model, cfg.lora.start_from, keep_template=cfg.data.chat_template is None)
     if world.size > 1:  # then a dropout stream of its own per rank
         device.seed(int(np.random.SeedSequence([cfg.train.seed, world.rank]).generate_state(1)[0]))
     train_ex, valid_ex, stats = build_datasets(cfg.data, model.tokenizer, cfg.train.seed)
@@ -126,10 +126,13 @@ def _finetune(cfg, progress, world):
     return FinetuneResult(model, history, out, stats)
 
 
-def _start_from(model, adapter):
-    """The run's adapters set to the weights of `adapter` (lora.start_from)."""
+def _start_from(model, adapter, keep_template):
+    """The run's adapters set to the weights of `adapter` (lora.start_from); with keep_template
+    (no data.chat_template) its rows are rendered in the chat template it was trained with."""
     deltas = AdapterDeltas(adapter, model.config)
     deltas.load_into(model)
+    if keep_template and deltas.chat_template and model.tokenizer is not None:
+        model.tokenizer.set_chat_template(deltas.chat_template)
     if getattr(model, "base_identity", None):
         deltas.check_base(model.base_identity)  # trained on another base: said
 
