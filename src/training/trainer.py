@@ -142,9 +142,10 @@ class Trainer:
                 continue
             for note in notes:
                 log(note)
+            # another run's checkpoint is an error, not one to pass over: compared first
             check_resume(state.get("fingerprint"), self.fingerprint, self.resume_allow, path,
-                         self.setting_defaults)  # another run's checkpoint is an error, not
-            load_checkpoint(path, self.model, self.opt, state)  # one to pass over
+                         self.setting_defaults)
+            load_checkpoint(path, self.model, self.opt, state)
             self._resumed_state = state
             self._apply_state(state)
             return path
