@@ -5,6 +5,7 @@ from ..config_coerce import lora_config
 from ..lora_targets import targets_for
 from ..nn import Linear, PackedLinear
 from ..tensor import Tensor
+from .deltas import AdapterDeltas
 from .loftq import loftq_init
 from .lora import LoraLinear
 
@@ -42,8 +43,9 @@ def _init_adapter(layer, init, device):
 def apply_lora(model, cfg):
     """Wrap the targeted linear layers of `model` in LoRA/DoRA adapters; freeze everything else.
     `cfg` is a packlora.LoraConfig (or a dict with its fields, validated with the defaults of
-    YAML's `lora:` section). The adapters start fresh: its start_from is finetune's to apply
-    (AdapterDeltas(path, model.config).load_into(model) does it here). Returns the model."""
+    YAML's `lora:` section). The adapters start fresh, or from the weights of the adapter its
+    start_from names (AdapterDeltas.load_into: the modules, ranks and scales must agree).
+    Returns the model."""
     cfg = lora_config(cfg)
     device = model.device
     for _, p in model.named_parameters():
@@ -66,4 +68,6 @@ def apply_lora(model, cfg):
         model.set_module(path, layer)
     model.lora_config = cfg
     model.lora_paths = [t.path for t in targets]
+    if cfg.start_from:
+        AdapterDeltas(cfg.start_from, model.config).load_into(model)
     return model

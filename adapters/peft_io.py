@@ -1,4 +1,5 @@
-"""Adapters in the PEFT format: adapter_model.safetensors + adapter_config.json."""
+"""Adapters in the PEFT format (adapter_model.safetensors + adapter_config.json), and reading
+llama.cpp LoRA GGUFs in that form; load_adapter is in load.py."""
 import json
 import warnings
 from pathlib import Path
@@ -15,7 +16,6 @@ from ..nn import Linear, PackedLinear
 from ..quant import REGISTRY
 from ..tokenizer import chat_template_text
 from .gguf_lora import is_adapter_gguf, read_gguf_lora
-from .inject import apply_lora
 from .lora import LoraLinear
 
 WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
@@ -25,14 +25,14 @@ PEFT_DEFAULT_RANK = 8  # peft.LoraConfig's defaults for a key its adapter_config
 PEFT_DEFAULT_ALPHA = 8
 
 
-def _lora_layers(model):
+def lora_layers(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLinear)]
 
 
 def adapter_state(model):
     """{PEFT key: float32 numpy array} of every adapter tensor."""
     out = {}
-    for path, layer in _lora_layers(model):
+    for path, layer in lora_layers(model):
         out[f"{PREFIX}{path}.lora_A.weight"] = layer.lora_A.numpy().astype(np.float32)
         out[f"{PREFIX}{path}.lora_B.weight"] = layer.lora_B.numpy().astype(np.float32)
         if layer.lora_magnitude_vector is not None:
@@ -45,7 +45,7 @@ PEFT_INIT = {"kaiming": True, "gaussian": "gaussian", "loftq": "loftq"}
 
 
 def adapter_config(model):
-    layers = _lora_layers(model)
+    layers = lora_layers(model)
     if not layers:
         raise ModelError("the model has no LoRA adapters; call apply_lora first")
     first = layers[0][1]
@@ -219,29 +219,6 @@ def strip_key(key):
     return key.replace(".default.", ".")  # keys saved with an adapter name
 
 
-def load_adapter(model, adapter_dir):
-    """Load a PEFT-format adapter (ours or PEFT's), or a llama.cpp LoRA GGUF, into `model`,
-    applying LoRA if needed."""
-    cfg, tensors = read_adapter(adapter_dir, model.config)
-    weights = {}
-    for key, value in tensors.items():
-        k = strip_key(key)
-        if k.endswith(".lora_magnitude_vector.weight"):
-            k = k[: -len(".weight")]
-        weights[k] = value
-    paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights})
-    if not _lora_layers(model):
-        apply_lora(model, lora_config_from_peft(cfg, paths))
-    for path in paths:
-        _assign(model, path, weights, adapter_dir)
-    template = adapter_chat_template(adapter_dir)
-    if template is not None and getattr(model, "tokenizer", None) is not None:
-        model.tokenizer.set_chat_template(template)  # prompts as the training run rendered them
-    if getattr(model, "base_identity", None):  # shapes fit: is it the base it was trained on?
-        check_base(adapter_dir, model.base_identity)
-    return model
-
-
 def lora_config_from_peft(cfg, paths):
     """The LoraConfig of a PEFT adapter_config dict whose weights adapt `paths`. PEFT's defaults
     fill what the file leaves out (r 8, lora_alpha 8); its pattern keys match whole module-name
@@ -259,24 +236,3 @@ def lora_config_from_peft(cfg, paths):
 
 def _anchored(patterns):
     return {rf"(^|\.){k}$": v for k, v in (patterns or {}).items()}
-
-
-def _assign(model, path, weights, adapter_dir):
-    try:
-        layer = model.get_module(path)
-    except (AttributeError, IndexError, ValueError):
-        raise ModelError(f"{adapter_dir}: adapter has weights for {path!r}, which this model "
-                         "does not have") from None
-    if not isinstance(layer, LoraLinear):
-        raise ModelError(f"{adapter_dir}: {path} has adapter weights but no adapter layer")
-    for name, attr in (("lora_A.weight", "lora_A"), ("lora_B.weight", "lora_B"),
-                       ("lora_magnitude_vector", "lora_magnitude_vector")):
-        value = weights.get(f"{path}.{name}")
-        if value is None:
-            continue
-        cur = getattr(layer, attr)
-        if cur is None or tuple(cur.shape) != tuple(value.shape):
-            want = None if cur is None else tuple(cur.shape)
-            raise ModelError(f"{adapter_dir}: {path}.{name} has shape {tuple(value.shape)}, "
-                             f"the model's adapter needs {want}")
-        cur.data[...] = cur.device.xp.asarray(value, dtype=np.float32)

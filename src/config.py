@@ -98,7 +98,7 @@ class LoraConfig(_Section):
     use_dora: bool = False
     init: Literal["kaiming", "gaussian", "loftq"] = "kaiming"
     loftq_iter: Int = Field(1, ge=1)  # LoftQ's alternations of quantization and SVD
-    start_from: str | None = None  # an adapter whose weights finetune starts from
+    start_from: str | None = None  # an adapter whose weights the new adapters start from
 
     @model_validator(mode="after")
     def _check_start(self) -> LoraConfig:

@@ -4,7 +4,8 @@ the run's lora section does not fit is refused by name before anything is writte
 import warnings
 
 import pytest
-from packlora import export_gguf_adapter
+from packlora import export_gguf_adapter, load_model
+from packlora.adapters import adapter_state, apply_lora
 from packlora.adapters.peft_io import BaseMismatchWarning
 from packlora.errors import ConfigError
 from packlora.training.run import finetune
@@ -65,3 +66,15 @@ def test_an_adapter_the_run_does_not_fit_is_refused(trained, tmp_path):
     cfg["lora"].update({"start_from": str(first), "init": "loftq"})
     with pytest.raises(ConfigError, match="from an adapter's weights or from LoftQ's"):
         finetune(cfg, progress=False)
+
+
+def test_apply_lora_starts_from_the_adapter_too(trained):
+    """The Python API's apply_lora reads start_from as finetune does (it once ignored it)."""
+    setup, first, _ = trained
+    cfg = run_cfg(setup, first)["lora"]
+    model = apply_lora(load_model(setup["model"], quant="nf4"), {**cfg, "start_from": str(first)})
+    want = _weights(first)
+    got = adapter_state(model)
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert (got[key] == want[key]).all(), key

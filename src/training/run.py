@@ -8,8 +8,14 @@ from pathlib import Path
 import numpy as np
 
 from ..adapters import apply_lora, save_adapter
-from ..adapters.deltas import AdapterDeltas
-from ..adapters.peft_io import CONFIG, TEMPLATE, WEIGHTS, check_adapter_path
+from ..adapters.peft_io import (
+    CONFIG,
+    TEMPLATE,
+    WEIGHTS,
+    adapter_chat_template,
+    check_adapter_path,
+    check_base,
+)
 from ..config import resolve_config
 from ..data import build_datasets
 from ..device import Device
@@ -105,9 +111,9 @@ def _finetune(cfg, progress, world):
         except ModelError as e:
             raise ConfigError(f"lora.start_from: {e}") from None
     model = load_model(cfg.model, device, quant=cfg.quant)
-    apply_lora(model, cfg.lora)  # the same initial adapter on every rank
+    apply_lora(model, cfg.lora)  # the same initial adapter on every rank (or start_from's)
     if cfg.lora.start_from:
-        _start_from(model, cfg.lora.start_from, keep_template=cfg.data.chat_template is None)
+        _started_from(model, cfg.lora.start_from, keep_template=cfg.data.chat_template is None)
     if world.size > 1:  # then a dropout stream of its own per rank
         device.seed(int(np.random.SeedSequence([cfg.train.seed, world.rank]).generate_state(1)[0]))
     train_ex, valid_ex, stats = build_datasets(cfg.data, model.tokenizer, cfg.train.seed)
@@ -126,15 +132,15 @@ def _finetune(cfg, progress, world):
     return FinetuneResult(model, history, out, stats)
 
 
-def _start_from(model, adapter, keep_template):
-    """The run's adapters set to the weights of `adapter` (lora.start_from); with keep_template
-    (no data.chat_template) its rows are rendered in the chat template it was trained with."""
-    deltas = AdapterDeltas(adapter, model.config)
-    deltas.load_into(model)
-    if keep_template and deltas.chat_template and model.tokenizer is not None:
-        model.tokenizer.set_chat_template(deltas.chat_template)
+def _started_from(model, adapter, keep_template):
+    """After apply_lora gave the run `adapter`'s weights (lora.start_from): with keep_template
+    (no data.chat_template) its rows are rendered in the chat template it was trained with, and
+    an adapter trained on another base is said."""
+    template = adapter_chat_template(adapter)
+    if keep_template and template and model.tokenizer is not None:
+        model.tokenizer.set_chat_template(template)
     if getattr(model, "base_identity", None):
-        deltas.check_base(model.base_identity)  # trained on another base: said
+        check_base(adapter, model.base_identity)
 
 
 def _warn_past_context(name, context, *sets):
