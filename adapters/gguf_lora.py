@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..errors import ModelError
-from ..models.gguf_file import QK_PERMUTED_ARCHS, hf_name, open_gguf, qk_row_order
+from ..models.gguf_file import GGUF_ARCH, QK_PERMUTED_ARCHS, hf_name, open_gguf, qk_row_order
 from ..quant.halves import bf16_to_float32
 
 SUFFIXES = {".lora_a": "lora_A", ".lora_b": "lora_B"}
@@ -39,6 +39,10 @@ def read_gguf_lora(path, base_config):
     if fields.get("adapter.alora.invocation_tokens") is not None:
         raise ModelError(f"{path}: an activated LoRA (aLoRA), which applies only after its "
                          "invocation tokens; packlora's adapters apply everywhere")
+    if f.architecture != GGUF_ARCH.get(base_config.model_type):
+        raise ModelError(f"{path}: an adapter for a {f.architecture!r} model, and the base is "
+                         f"{base_config.model_type!r} ({GGUF_ARCH.get(base_config.model_type)!r} "
+                         "in GGUF)")
     tensors = {}
     for name in f.tensor_names():
         module, part = _module(path, name)

@@ -108,6 +108,8 @@ def test_what_cannot_be_read_is_one_clear_error(base, tmp_path):
          "every .lora_b needs its .lora_a"),
         (_write(tmp_path / "alora.gguf", deltas, 8.0,
                 kv=[("adapter.alora.invocation_tokens", [5, 6])]), "an activated LoRA"),
+        (_write(tmp_path / "qwen.gguf", deltas, 8.0, arch="qwen2"),  # its Q/K rows: HF order
+         "an adapter for a 'qwen2' model, and the base is 'llama' \\('llama' in GGUF\\)"),
     ]
     for path, words in cases:
         with pytest.raises(ModelError, match=words):

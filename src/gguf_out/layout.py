@@ -7,12 +7,10 @@ permuted into adjacent rotary pairs; Qwen2/Qwen3 keep their own names and row or
 import numpy as np
 
 from ..errors import ModelError
-from ..models.gguf_file import QK_PERMUTED_ARCHS, qk_row_order
+from ..models.gguf_file import GGUF_ARCH, QK_PERMUTED_ARCHS, qk_row_order
 from ..models.resolve import resolve_source
 from ..models.sources import GGUFSource, open_source
 
-# Hugging Face model_type -> the GGUF architecture llama.cpp's converter writes for it
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
 class BaseLayout:

@@ -30,6 +30,8 @@ _HF_GLOBAL = {v: k for k, v in _GLOBAL_NAMES.items()}
 # Architectures whose GGUF Q/K rows are in llama.cpp's interleaved order: llama.cpp rotates them
 # in adjacent pairs, so its HF converter permutes those rows (Qwen2/Qwen3 rotate halves, as HF).
 QK_PERMUTED_ARCHS = ("llama", "mistral")
+# Hugging Face model_type -> the GGUF architecture llama.cpp's converter writes for it
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _GGUF_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _HF_RE = re.compile(r"model\.layers\.(\d+)\.([\w.]+)\.(weight|bias)$")
 
