@@ -1,9 +1,11 @@
 """Atomic file writes: temp file in the same folder, fsync, rename — a crash leaves the old file.
-What appears under the user's name gets the mode any new file of theirs would (the umask's)."""
+What appears under the user's name gets the mode any new file of theirs would (the umask's), or
+keeps the mode of the file it replaces."""
 import contextlib
 import json
 import os
 import shutil
+import stat
 import struct
 import tempfile
 
@@ -29,7 +31,7 @@ def atomic_path(path, suffix=""):
         yield tmp
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
         _fsync_dir(folder)
     except OSError as e:  # name the file the user knows, not the temp file
@@ -70,6 +72,15 @@ def atomic_folder(path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _mode_for(path):
+    """The mode a file written to `path` gets: the one it had (a rewrite keeps a chmod), else
+    the mode the umask gives any new file."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
 
 
 def _umask():

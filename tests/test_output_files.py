@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from packlora.fileio import atomic_folder, save_safetensors, write_json
+from packlora.fileio import atomic_folder, save_safetensors, write_json, write_text
 
 
 def _mode(path):
@@ -33,6 +33,15 @@ def test_files_and_folders_get_the_umask_modes(tmp_path, umask):
     assert _mode(tmp_path / "out") == 0o777 & ~umask
     assert _mode(tmp_path / "out" / "c.json") == 0o666 & ~umask
     assert os.umask(umask) == umask  # reading the umask left it as it was
+
+
+def test_a_rewritten_file_keeps_its_mode(tmp_path):
+    """metrics.jsonl chmod-ed to 0600 came back 0644 when a resumed run rewrote it."""
+    path = tmp_path / "metrics.jsonl"
+    write_text(path, "one\n")
+    os.chmod(path, 0o600)
+    write_text(path, "two\n")
+    assert _mode(path) == 0o600 and path.read_text() == "two\n"
 
 
 def test_a_folder_appears_whole_or_not_at_all(tmp_path):
