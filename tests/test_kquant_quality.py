@@ -76,5 +76,7 @@ def test_kquants_round_trip_without_llama_cpp(fmt):
     assert np.all(quantize(x, fmt).dequantize()[2] == 0)
     legacy = {"q4_k": rmse("q4_0"), "q5_k": rmse("q5_1"), "q6_k": rmse("q8_0") * 4}[fmt]
     assert rmse(fmt) < legacy
-    with pytest.raises(Exception, match="multiple of 256"):
+    with pytest.raises(Exception, match="multiple of 256") as err:
         quantize(np.ones((2, 320), np.float32), fmt)
+    # the presets built on q4_k / q5_k fall back for such rows: the message says so
+    assert ("presets q4_k_m, q5_k_m fall back" in str(err.value)) == (fmt != "q6_k")
