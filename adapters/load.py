@@ -31,7 +31,7 @@ def load_adapter(model, adapter_dir):
         _assign(model, path, weights, adapter_dir)
     template = adapter_chat_template(adapter_dir)
     if template is not None and getattr(model, "tokenizer", None) is not None:
-        model.tokenizer.set_chat_template(template)  # prompts as the training run rendered them
+        model.tokenizer.set_chat_template(template, str(adapter_dir))  # as the run rendered them
     if getattr(model, "base_identity", None):  # shapes fit: is it the base it was trained on?
         check_base(adapter_dir, model.base_identity)
     return model

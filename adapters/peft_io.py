@@ -14,7 +14,7 @@ from ..lora_targets import layer_index
 from ..models.identity import base_mismatch, identity_metadata, recorded_identity
 from ..nn import Linear, PackedLinear
 from ..quant import REGISTRY
-from ..tokenizer import chat_template_text
+from ..tokenizer import chat_template_text, read_chat_template
 from .gguf_lora import is_adapter_gguf, read_gguf_lora
 from .lora import LoraLinear
 
@@ -113,12 +113,12 @@ def adapter_chat_template(adapter_dir):
     save the tokenizer with the adapter); None when it has neither."""
     folder = Path(adapter_dir)
     path = folder / TEMPLATE
+    if path.is_file():
+        return read_chat_template(path)
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return None
     try:
-        if path.is_file():
-            return path.read_text(encoding="utf-8")
-        path = folder / "tokenizer_config.json"
-        if not path.is_file():
-            return None
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelError(f"{path}: cannot read the chat template ({e})") from None

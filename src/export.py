@@ -75,7 +75,7 @@ def export_model(source, out_dir, adapter=None, dtype="float32", quantize=None,
         tok = src.tokenizer
         if tok is not None:
             if delta is not None and delta.chat_template is not None:
-                tok.set_chat_template(delta.chat_template)  # the one it was trained with
+                tok.set_chat_template(delta.chat_template, str(delta.path))  # as trained
             tok.save(tmp)
     return out
 

@@ -31,6 +31,7 @@ class Tokenizer:
                  source="tokenizer"):
         self._tok = backend  # tokenizers.Tokenizer
         self.source = source
+        self.template_source = source  # where the chat template came from, for its errors
         self.add_bos_token = bool(add_bos_token)
         self.add_eos_token = bool(add_eos_token)
         self.chat_template = chat_template
@@ -117,9 +118,11 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def set_chat_template(self, template: str) -> None:
-        """Use `template` (jinja) as the chat template from now on (data.chat_template)."""
+    def set_chat_template(self, template: str, source: str | None = None) -> None:
+        """Use `template` (jinja) as the chat template from now on (data.chat_template, an
+        adapter's); its errors name `source` (default: the tokenizer's file)."""
         self.chat_template = template
+        self.template_source = source or self.source
         self.has_chat_template = True
         self._compiled = None
         self.eos_token_ids |= self._template_end_ids()
@@ -175,7 +178,8 @@ class Tokenizer:
             before = self._render(messages[:i], add_generation_prompt=True) if i else ""
             upto = self._render(messages[: i + 1], add_generation_prompt=False)
             if not (upto.startswith(before) and full.startswith(upto)):
-                raise DataError(f"{self.source}: the chat template does not render message {i} "
+                raise DataError(f"{self.template_source}: the chat template does not render "
+                                f"message {i} "
                                 "(assistant) as an extension of the earlier messages, so the "
                                 "response cannot be located for loss masking")
             spans.append(self._content_span(upto, len(before), message["content"]))
@@ -200,7 +204,7 @@ class Tokenizer:
             return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                    bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
         except TemplateError as e:
-            raise DataError(f"{self.source}: chat template failed: {e}") from None
+            raise DataError(f"{self.template_source}: chat template failed: {e}") from None
 
     def _template(self):
         if self._compiled is None:
@@ -208,7 +212,7 @@ class Tokenizer:
             try:
                 self._compiled = env.from_string(self.chat_template or DEFAULT_CHAT_TEMPLATE)
             except TemplateSyntaxError as e:
-                raise ModelError(f"{self.source}: the chat template is not valid Jinja "
+                raise ModelError(f"{self.template_source}: the chat template is not valid Jinja "
                                  f"(line {e.lineno}): {e.message}") from None
         return self._compiled
 
@@ -226,6 +230,20 @@ def _token_text(value) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value
+
+
+def read_chat_template(path, key: str | None = None, error=ModelError) -> str:
+    """The text of a chat template file; unreadable or not UTF-8 is an `error` naming the file
+    (after `key`, the setting that gave it)."""
+    where = f"{key}: {path}" if key else str(path)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise error(f"{where}: a folder, not a chat template file") from None
+    except OSError as e:
+        raise error(f"{where}: cannot read it: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 text ({e.reason})") from None
 
 
 def chat_template_text(value, path) -> str | None:

@@ -6,8 +6,10 @@ import json
 import model_factory as mf
 import pytest
 from gguf import GGUFReader
-from packlora import load_adapter, load_model, merge
+from packlora import load_adapter, load_model, load_tokenizer, merge
 from packlora.adapters.peft_io import TEMPLATE
+from packlora.data.dataset import use_chat_template
+from packlora.errors import DataError, ModelError
 from packlora.training.run import finetune
 
 TEMPLATE_TEXT = ("{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -87,3 +89,25 @@ def test_a_run_started_from_the_adapter_trains_in_its_template(run, tmp_path):
               "train": {"max_steps": 1, "batch_size": 2, "lr": 1e-3},
               "output_dir": str(tmp_path / "again")}, progress=False)
     assert (tmp_path / "again" / TEMPLATE).read_text() == TEMPLATE_TEXT
+
+
+def test_data_chat_template_long_inline_or_a_bad_file(run, tmp_path):
+    """An inline template with a line past 255 characters was taken for a path and failed with
+    "File name too long"; a folder was used as the template text itself; a file that is not
+    UTF-8 was an internal error; a file's Jinja error named the base's tokenizer.json."""
+    tok = load_tokenizer(run[0])
+    long_line = TEMPLATE_TEXT.replace("\n", "") + "{# " + "x" * 300 + " #}"
+    use_chat_template(tok, long_line)
+    assert tok.apply_chat_template(CHAT) == "### user: 1+2### assistant:"
+    with pytest.raises(DataError, match=f"^data.chat_template: {tmp_path}: a folder"):
+        use_chat_template(tok, str(tmp_path))
+    (tmp_path / "latin1.jinja").write_bytes("{{ 'café' }}".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1\.jinja: not UTF-8 text"):
+        use_chat_template(tok, str(tmp_path / "latin1.jinja"))
+    (tmp_path / "broken.jinja").write_text("{% for m in messages %}{{ m.content }")
+    use_chat_template(tok, str(tmp_path / "broken.jinja"))
+    with pytest.raises(ModelError, match=r"^data.chat_template \(.*broken\.jinja\): the chat "
+                                         r"template is not valid Jinja \(line 1\)"):
+        tok.apply_chat_template(CHAT)
+    with pytest.raises(DataError, match="data.chat_template: chat-ml: cannot read it"):
+        use_chat_template(tok, "chat-ml")  # no jinja tag: a path, and this one is missing

@@ -192,6 +192,14 @@ def test_a_file_saved_with_a_byte_order_mark_reads(tmp_path):
     assert ds.num_records == 2 and ds[0].input_ids.tolist() == [ord(c) for c in "hello"]
 
 
+def test_a_line_that_is_not_utf8_is_named(tmp_path):
+    """The file was decoded in 8 KiB chunks: every bad byte was blamed on line 1."""
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"text": "hello"}\n' * 3 + '{"text": "café"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1\.jsonl:4: not valid UTF-8"):
+        load_dataset(path, TOK, DataConfig(train=str(path)))
+
+
 def test_empty_and_missing_files(tmp_path):
     path = write_jsonl(tmp_path, ["", "  "])
     with pytest.raises(DataError, match="no records"):

@@ -226,6 +226,20 @@ def test_hf_folder_bf16_and_shards(tmp_path):
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "U:hi|"
 
 
+def test_a_chat_template_file_that_is_not_utf8_is_named(tmp_path):
+    """It was an internal UnicodeDecodeError; its Jinja errors named tokenizer.json."""
+    folder = mf.tiny_chat_model(tmp_path)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (folder / "chat_template.jinja").write_bytes("{{ 'café' }".encode("latin-1"))
+    with pytest.raises(ModelError, match=r"chat_template\.jinja: not UTF-8 text"):
+        HFFolder(folder).tokenizer
+    (folder / "chat_template.jinja").write_text("{{ 'cafe' }")
+    with pytest.raises(ModelError, match=r"chat_template\.jinja: the chat template is not valid"):
+        HFFolder(folder).tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
 def _write_tokenizer(folder):
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers

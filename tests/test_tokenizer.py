@@ -177,5 +177,5 @@ def test_chat_records_without_a_template_need_data_chat_template(tmp_path):
         text = tok.decode([*row.input_ids.tolist(), int(row.labels[-1])])
         assert text == tok.apply_chat_template(DIALOG[:2], add_generation_prompt=False)
         assert text.startswith("<|im_start|>user:What is")
-    with pytest.raises(DataError, match="data.chat_template: cannot read"):
+    with pytest.raises(DataError, match="data.chat_template: missing.jinja: cannot read"):
         build_datasets(DataConfig(train=str(data), chat_template="missing.jinja"), tok, 0)

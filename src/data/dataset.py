@@ -1,11 +1,10 @@
 """Loading JSONL datasets into Examples, splitting validation, and the numbers to log."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from ..errors import DataError
+from ..tokenizer import read_chat_template
 from .batches import count_targets, count_tokens
 from .formats import detect_format, normalize
 from .jsonl import read_jsonl
@@ -72,16 +71,15 @@ def _check_chat_template(tokenizer, name):
 
 
 def use_chat_template(tokenizer, template):
-    """Give the tokenizer data.chat_template: a jinja string, or the path of a file holding one."""
+    """Give the tokenizer data.chat_template: a jinja string, or the path of a file holding one
+    (any value without a jinja tag: a template without one renders every conversation alike)."""
     if template is None:
         return
-    path = Path(template)
-    if template.endswith((".jinja", ".j2", ".txt")) or path.is_file():
-        try:
-            template = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise DataError(f"data.chat_template: cannot read {path}: {e.strerror}") from None
-    tokenizer.set_chat_template(template)
+    if "{{" in template or "{%" in template:
+        tokenizer.set_chat_template(template, "data.chat_template")
+    else:
+        text = read_chat_template(template, "data.chat_template", DataError)
+        tokenizer.set_chat_template(text, f"data.chat_template ({template})")
 
 
 def split_validation(examples: Examples, val_size, seed: int) -> tuple[Examples, Examples]:

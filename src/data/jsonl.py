@@ -7,6 +7,8 @@ from pathlib import Path
 
 from ..errors import DataError
 
+BOM = b"\xef\xbb\xbf"
+
 
 def read_jsonl(path, name: str | None = None) -> Iterator[tuple[str, dict]]:
     """Yield (`name:line`, record) for every non-blank line; each record must be an object."""
@@ -16,23 +18,25 @@ def read_jsonl(path, name: str | None = None) -> Iterator[tuple[str, dict]]:
         raise DataError(f"{name}: a folder, not a JSONL file")
     if not p.is_file():
         raise DataError(f"{name}: dataset file not found")
-    with p.open("r", encoding="utf-8-sig") as f:  # -sig: Windows editors start with a BOM
-        lineno = 0
-        while True:
+    with p.open("rb") as f:  # bytes, decoded line by line: an error names its own line
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(BOM):  # Windows editors start with a BOM
+                raw = raw[len(BOM):]
             try:
-                line = f.readline()
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise DataError(f"{name}:{lineno + 1}: not valid UTF-8 ({exc.reason})") from None
-            if not line:
-                return
-            lineno += 1
+                raise DataError(f"{name}:{lineno}: not valid UTF-8 ({exc.reason})") from None
             if not line.strip():
                 continue
-            where = f"{name}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            yield where, record
+            yield _record(f"{name}:{lineno}", line)
+
+
+def _record(where: str, line: str) -> tuple[str, dict]:
+    """(where, the line's JSON object), or a DataError naming `where`."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return where, record

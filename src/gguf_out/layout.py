@@ -12,7 +12,6 @@ from ..models.resolve import resolve_source
 from ..models.sources import GGUFSource, open_source
 
 
-
 class BaseLayout:
     """`source`: a model source (models.sources); `arch`: its GGUF architecture."""
 

@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from ..errors import ModelError
 from ..quant.halves import bf16_to_float32
-from ..tokenizer import Tokenizer
+from ..tokenizer import Tokenizer, read_chat_template
 from .config import ModelConfig
 
 _NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
@@ -95,10 +95,10 @@ class HFFolder:
             return None
         cfg_path = self.path / "tokenizer_config.json"
         cfg = read_json(cfg_path) if cfg_path.is_file() else {}
+        tok = Tokenizer.from_file(self.path / "tokenizer.json", cfg)
         jinja = self.path / "chat_template.jinja"
         if cfg.get("chat_template") is None and jinja.is_file():
-            cfg["chat_template"] = jinja.read_text(encoding="utf-8")
-        tok = Tokenizer.from_file(self.path / "tokenizer.json", cfg)
+            tok.set_chat_template(read_chat_template(jinja), str(jinja))
         gen_path = self.path / "generation_config.json"
         if gen_path.is_file():
             tok.add_eos_ids(read_json(gen_path).get("eos_token_id"))

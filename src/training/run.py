@@ -138,7 +138,7 @@ def _started_from(model, adapter, keep_template):
     an adapter trained on another base is said."""
     template = adapter_chat_template(adapter)
     if keep_template and template and model.tokenizer is not None:
-        model.tokenizer.set_chat_template(template)
+        model.tokenizer.set_chat_template(template, f"lora.start_from ({adapter})")
     if getattr(model, "base_identity", None):
         check_base(adapter, model.base_identity)
 
