@@ -17,6 +17,7 @@ from .quant.halves import float32_to_bf16
 
 _PROJECTION_WEIGHTS = tuple(f".{p}.weight" for p in PROJECTIONS)
 _AS_TRAINED = _PROJECTION_WEIGHTS + EMBEDDING_WEIGHTS  # float weights training may have packed
+_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ggml")  # not a folder
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
            "bfloat16": ("BF16", None)}
 
@@ -87,6 +88,10 @@ def check_new_folder(path) -> Path:
     path = Path(path)
     if path.is_file() or (path.is_dir() and any(path.iterdir())):
         raise ModelError(f"{path}: the output exists; remove it or choose another output folder")
+    if path.suffix.lower() in _FILE_SUFFIXES:
+        raise ModelError(f"{path}: the output is a folder (config.json, weights, tokenizer), "
+                         f"not a {path.suffix} file; give it a folder name (merge writes one "
+                         "file only as .gguf)")
     return path
 
 

@@ -180,6 +180,18 @@ def test_merge_and_quantize_never_write_over_a_folder(hf, tmp_path, capsys):
     assert (tmp_path / "empty" / "model.packed.safetensors").is_file()
 
 
+def test_a_file_name_is_no_output_folder(hf, tmp_path, capsys):
+    """`merge --out merged.safetensors` wrote a folder named merged.safetensors."""
+    _adapted(hf, tmp_path / "ad")
+    for name in ("merged.safetensors", "model.BIN"):
+        argv = ["merge", "--model", str(hf), "--adapter", str(tmp_path / "ad"), "--out",
+                str(tmp_path / name)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "give it a folder name" in err
+        assert not (tmp_path / name).exists()
+
+
 def test_a_merge_that_fails_leaves_no_folder(hf, tmp_path, monkeypatch):
     _adapted(hf, tmp_path / "ad")
     with monkeypatch.context() as m:
