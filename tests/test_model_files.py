@@ -96,6 +96,34 @@ def test_config_errors():
         ModelConfig.from_gguf({"general.architecture": "gptneox"}, "n.gguf")
 
 
+@pytest.mark.parametrize("key, value, problem", [
+    ("rms_norm_eps", "x", "'rms_norm_eps' must be a finite number > 0, got 'x'"),
+    ("rope_theta", -1.0, "'rope_theta' must be a finite number > 0"),
+    ("num_hidden_layers", -1, "'num_hidden_layers' must be a whole number >= 1, got -1"),
+    ("num_key_value_heads", 0, "'num_key_value_heads' must be a whole number >= 1"),
+    ("num_attention_heads", 0, "'num_attention_heads' must be a whole number >= 1"),
+    ("intermediate_size", 2.5, "'intermediate_size' must be a whole number >= 1, got 2.5"),
+    ("vocab_size", float("nan"), "'vocab_size' must be a whole number >= 1, got nan"),
+    ("hidden_size", 66, "'hidden_size' \\(66\\) is not a multiple of the 32 attention heads"),
+])
+def test_config_values_out_of_range_are_named(key, value, problem):
+    """A string epsilon was an internal ValueError, zero heads a ZeroDivisionError, and -1
+    layers a model with no layers that generated text."""
+    with pytest.raises(ModelError, match=f"^x/config.json: {problem}"):
+        ModelConfig.from_hf({**LLAMA, key: value}, "x/config.json")
+
+
+def test_gguf_metadata_out_of_range_is_named():
+    fields = {"general.architecture": "llama", "llama.embedding_length": 64,
+              "llama.attention.head_count": 4, "llama.feed_forward_length": 128,
+              "llama.block_count": 0, "llama.vocab_size": 100}
+    with pytest.raises(ModelError, match="'llama.block_count' must be a whole number >= 1"):
+        ModelConfig.from_gguf(fields, "m.gguf")
+    with pytest.raises(ModelError, match="m.gguf: missing GGUF metadata key 'llama.vocab_size'"):
+        ModelConfig.from_gguf({**fields, "llama.block_count": 2, "llama.vocab_size": None},
+                              "m.gguf")
+
+
 def _converter_permute(w, n_head, n_head_kv):
     """llama.cpp convert_hf_to_gguf.py LlamaModel.permute, in numpy."""
     if n_head_kv is not None and n_head != n_head_kv:
@@ -141,7 +169,8 @@ def _write_gguf(path, extra_tensor=None):
     import gguf
     w = gguf.GGUFWriter(str(path), "llama")
     for key, value in [("block_count", 1), ("context_length", 64), ("embedding_length", 8),
-                       ("feed_forward_length", 16), ("attention.head_count", 2)]:
+                       ("feed_forward_length", 16), ("attention.head_count", 2),
+                       ("vocab_size", 5)]:  # no tokenizer: llama.cpp needs the key too
         w.add_uint32(f"llama.{key}", value)
     w.add_tensor("token_embd.weight", np.arange(40, dtype=np.float32).reshape(5, 8))
     w.add_tensor("output_norm.weight", np.ones(8, dtype=np.float16))

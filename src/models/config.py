@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -54,25 +55,23 @@ class ModelConfig:
             raise ModelError(f"{source}: model_type {mtype!r} is not supported; supported model "
                              f"types: {', '.join(SUPPORTED_HF_TYPES)}")
         _refuse_unimplemented(cfg, source)
-        try:
-            hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-            return cls(
-                model_type=mtype, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]), num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
-                rope_scaling=_hf_rope_scaling(cfg.get("rope_scaling"), source),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=_hf_attention_bias(cfg, mtype, source),
-                qk_norm=mtype == "qwen3",
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-                bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
-                source=source)
-        except KeyError as e:
-            raise ModelError(f"{source}: missing key {e.args[0]!r} in the model config") from None
+        f = _Fields(cfg, source, "", "missing key '{}' in the model config")
+        hidden, heads = f.whole("hidden_size"), f.whole("num_attention_heads")
+        return cls(
+            model_type=mtype, vocab_size=f.whole("vocab_size"), hidden_size=hidden,
+            intermediate_size=f.whole("intermediate_size"),
+            num_layers=f.whole("num_hidden_layers"), num_heads=heads,
+            num_kv_heads=f.whole("num_key_value_heads", heads),
+            head_dim=f.head_dim("head_dim", hidden, heads, "hidden_size"),
+            rope_theta=f.real("rope_theta", 10000.0),
+            rope_scaling=_hf_rope_scaling(cfg.get("rope_scaling"), source),
+            rms_norm_eps=f.real("rms_norm_eps", 1e-6),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=_hf_attention_bias(cfg, mtype, source),
+            qk_norm=mtype == "qwen3",
+            max_position_embeddings=f.whole("max_position_embeddings", 2048),
+            bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
+            source=source)
 
     @classmethod
     def from_gguf(cls, fields: dict, source: str = "model.gguf",
@@ -83,28 +82,23 @@ class ModelConfig:
             raise ModelError(f"{source}: GGUF architecture {arch!r} is not supported; supported: "
                              f"{', '.join(SUPPORTED_GGUF_ARCHS)}")
         names = set(tensor_names) if tensor_names is not None else None
-
-        def get(key, default=None):
-            value = fields.get(f"{arch}.{key}", default)
-            if value is None:
-                raise ModelError(f"{source}: missing GGUF metadata key '{arch}.{key}'")
-            return value
-
-        hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-        vocab = fields.get(f"{arch}.vocab_size") or len(fields.get("tokenizer.ggml.tokens", []))
+        f = _Fields(fields, source, f"{arch}.", "missing GGUF metadata key '{}'")
+        hidden, heads = f.whole("embedding_length"), f.whole("attention.head_count")
         return cls(
-            model_type="llama" if arch == "mistral" else arch, vocab_size=int(vocab),
-            hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
-            num_layers=int(get("block_count")), num_heads=heads,
-            num_kv_heads=int(get("attention.head_count_kv", heads)),
-            head_dim=int(get("attention.key_length", hidden // heads)),
-            rope_theta=float(get("rope.freq_base", 10000.0)),
+            model_type="llama" if arch == "mistral" else arch,
+            vocab_size=f.whole("vocab_size", len(fields.get("tokenizer.ggml.tokens", [])) or None),
+            hidden_size=hidden,
+            intermediate_size=f.whole("feed_forward_length"),
+            num_layers=f.whole("block_count"), num_heads=heads,
+            num_kv_heads=f.whole("attention.head_count_kv", heads),
+            head_dim=f.head_dim("attention.key_length", hidden, heads, "embedding_length"),
+            rope_theta=f.real("rope.freq_base", 10000.0),
             rope_scaling=_gguf_rope_scaling(fields, arch, source),
-            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            rms_norm_eps=f.real("attention.layer_norm_rms_epsilon", 1e-6),
             tie_word_embeddings=names is not None and "output.weight" not in names,
             attention_bias=("blk.0.attn_q.bias" in names) if names is not None else arch == "qwen2",
             qk_norm=("blk.0.attn_q_norm.weight" in names) if names is not None else arch == "qwen3",
-            max_position_embeddings=int(get("context_length", 2048)),
+            max_position_embeddings=f.whole("context_length", 2048),
             bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
             eos_token_id=fields.get("tokenizer.ggml.eos_token_id"), source=source)
 
@@ -131,6 +125,48 @@ class ModelConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+class _Fields:
+    """Numbers read from a config.json dict or GGUF metadata (keys after `prefix`); a missing,
+    non-numeric or out-of-range value is a ModelError naming the file and the key."""
+
+    def __init__(self, values: dict, source: str, prefix: str, missing: str):
+        self.values, self.source, self.prefix, self.missing = values, source, prefix, missing
+
+    def _get(self, key, default):
+        value = self.values.get(self.prefix + key)
+        if value is None and default is None:
+            raise ModelError(f"{self.source}: {self.missing.format(self.prefix + key)}")
+        return default if value is None else value
+
+    def whole(self, key: str, default=None) -> int:
+        """A count (>= 1): a layer count, a width, a number of heads."""
+        value = self._get(key, default)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) \
+                and math.isfinite(value) and value == int(value) and value >= 1:
+            return int(value)
+        raise ModelError(f"{self.source}: '{self.prefix}{key}' must be a whole number >= 1, "
+                         f"got {value!r}")
+
+    def real(self, key: str, default: float) -> float:
+        """A finite positive number: a RoPE base, a norm epsilon."""
+        value = self._get(key, default)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) \
+                and math.isfinite(value) and value > 0:
+            return float(value)
+        raise ModelError(f"{self.source}: '{self.prefix}{key}' must be a finite number > 0, "
+                         f"got {value!r}")
+
+    def head_dim(self, key: str, hidden: int, heads: int, hidden_key: str) -> int:
+        """The file's head width `key`, else hidden / heads (which must divide)."""
+        if self.values.get(self.prefix + key) is not None:
+            return self.whole(key)
+        if hidden % heads:
+            raise ModelError(f"{self.source}: '{self.prefix}{hidden_key}' ({hidden}) is not a "
+                             f"multiple of the {heads} attention heads, and no head width "
+                             f"'{self.prefix}{key}' is given")
+        return hidden // heads
 
 
 def _refuse_unimplemented(cfg: dict, source: str) -> None:
