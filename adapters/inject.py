@@ -2,6 +2,7 @@
 import numpy as np
 
 from ..config_coerce import lora_config
+from ..errors import ConfigError
 from ..lora_targets import targets_for
 from ..nn import Linear, PackedLinear
 from ..tensor import Tensor
@@ -47,6 +48,10 @@ def apply_lora(model, cfg):
     start_from names (AdapterDeltas.load_into: the modules, ranks and scales must agree).
     Returns the model."""
     cfg = lora_config(cfg)
+    if getattr(model, "lora_paths", None):
+        raise ConfigError(f"the model already has LoRA adapters on {len(model.lora_paths)} "
+                          "modules; apply_lora wraps a model once (load_adapter replaces their "
+                          "weights; a new configuration needs a freshly loaded model)")
     device = model.device
     for _, p in model.named_parameters():
         p.requires_grad = False

@@ -144,6 +144,7 @@ class Tokenizer:
     def apply_chat_template(self, messages, add_generation_prompt: bool = True,
                             tokenize: bool = False, **kwargs):
         """Render a conversation with the model's template (ChatML if it has none)."""
+        _check_messages(messages, "messages")
         text = self._render(messages, add_generation_prompt, **kwargs)
         return self.encode(text) if tokenize else text
 

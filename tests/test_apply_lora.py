@@ -97,6 +97,13 @@ def test_layers_the_model_lacks_are_named_as_layers(hf_dir):
     assert str(e.value) == f"lora.targets: 'lm_head' is in none of lora.layers [{last}]"
 
 
+def test_a_second_apply_lora_is_refused(hf_dir):
+    """It said "no module named 'q_proj'" (q_proj was wrapped) while listing linear modules."""
+    m = apply_lora(_model(hf_dir), {"targets": ["q_proj"], "rank": 2})
+    with pytest.raises(ConfigError, match=f"already has LoRA adapters on {mf.LAYERS} modules"):
+        apply_lora(m, {"targets": ["v_proj"], "rank": 2})
+
+
 def test_kaiming_and_gaussian_init(hf_dir):
     m = apply_lora(_model(hf_dir), {"targets": "all-linear", "rank": 8})
     for path in m.lora_paths:

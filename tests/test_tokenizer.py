@@ -103,6 +103,8 @@ def test_hf_tokenizer_config(tmp_path):
     assert text == "<s>[user]What is the capital of France?</s>[assistant]"
     dialog = QUESTION + [{"role": "assistant", "content": "Paris."}]
     assert [s for s, r in tok.render_chat_with_masks(dialog) if r] == ["Paris.</s>"]
+    with pytest.raises(DataError, match="^messages: message 0 must be a dict with 'role'"):
+        tok.apply_chat_template(["What is the capital of France?"])  # was: the template failed
 
 
 def test_default_chatml_template_and_end_ids(tmp_path):
