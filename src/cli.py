@@ -291,8 +291,12 @@ def _run(argv):
     signal.signal(signal.SIGTERM, _terminated)
     try:
         args.fn(args)
-    except (PackloraError, OSError) as e:  # OSError: a full disk, a path that is a file, ...
+    except PackloraError as e:
         print(f"packlora: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a path that is a file, ...: "path: reason"
+        said = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
+        print(f"packlora: error: {said}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM: what the run keeps, when it says
         print("packlora: interrupted" + (f"; {e}" if e.args else ""), file=sys.stderr)

@@ -66,6 +66,13 @@ output_dir: {out}
     assert main(["finetune", str(cfg), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("packlora: error: ") and "already holds a run" in err
+    # output_dir a file, or below one: named before the model loads (was "[Errno 17] ...")
+    (tmp_path / "notes.txt").write_text("mine")
+    for out in ("notes.txt", "notes.txt/run"):
+        assert main(["finetune", str(cfg), f"output_dir={tmp_path / out}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"packlora: error: output_dir: {tmp_path / 'notes.txt'} is a file")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("save_every", [2, 0])

@@ -40,6 +40,10 @@ def check_output_dir(cfg):
     """The files of an earlier run in output_dir that this one replaces (overwrite: true); a
     ConfigError when they would be mixed with this run's (neither resume nor overwrite)."""
     out = Path(cfg.output_dir)
+    taken = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if taken is not None:  # before the model loads, not at the first write
+        raise ConfigError(f"output_dir: {taken} is a file, not a folder" +
+                          (f" (in the path {out})" if taken != out else ""))
     existing = [n for n in _RUN_FILES if (out / n).exists()]
     if not existing or _continues(cfg.resume, out):
         return []
