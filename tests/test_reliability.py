@@ -14,7 +14,7 @@ from packlora.adapters import load_adapter
 from packlora.cli import main
 from packlora.device import Device
 from packlora.config import parse_config
-from packlora.errors import ModelError, TrainingError
+from packlora.errors import ConfigError, ModelError, TrainingError
 from packlora.models import load_model
 from packlora.training import finetune
 from packlora.training.checkpoints import MANIFEST, list_checkpoints
@@ -88,11 +88,18 @@ def test_a_named_checkpoint_that_is_damaged_is_an_error(setup, tmp_path):
     (step2 / MANIFEST).unlink()
     c = cfg(setup, tmp_path / "other")
     c["resume"] = str(step2)
-    with pytest.raises(TrainingError, match=r"step-2: cannot read checkpoint: no valid manifest"):
+    with pytest.raises(ConfigError, match=r"^resume: .*step-2: no valid manifest"):
         finetune(c, progress=False)
     c["resume"] = str(out / "checkpoints" / "step-9")  # a typo: it said "its write was interrupted"
-    with pytest.raises(TrainingError, match=r"step-9: cannot read checkpoint: no such folder"):
+    with pytest.raises(ConfigError, match=r"^resume: .*step-9: no such folder"):
         finetune(c, progress=False)
+    # the checkpoints' folder, or the run's: it said "no valid manifest.json", or (with the
+    # output_dir holding a run) "is another folder's checkpoint"
+    for given, listed in ((out / "checkpoints", "step-2"), (out, "checkpoints/step-2")):
+        c["resume"] = str(given)
+        with pytest.raises(ConfigError, match=rf"holds checkpoints \({listed}\) but is not one"):
+            finetune(c, progress=False)
+    assert not (tmp_path / "other").exists()  # refused before anything was written
 
 
 class _Kill(Exception):

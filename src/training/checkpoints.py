@@ -48,7 +48,13 @@ def _read_manifest(path):
 def incomplete_reason(path):
     """Why `path` is not a complete checkpoint (None when it is): sizes only, no hashing."""
     if not path.is_dir():
-        return "no such folder (a checkpoint is a step-N folder under output_dir/checkpoints)"
+        what = "a file" if path.exists() else "no such folder"
+        return f"{what} (a checkpoint is a step-N folder under output_dir/checkpoints)"
+    run = path.parent if path.name == "checkpoints" else path  # a run folder, or its checkpoints
+    steps = [str(p.relative_to(path)) for _, p in _step_dirs(run) if p.is_relative_to(path)]
+    if steps and not (path / MANIFEST).exists():
+        return (f"holds checkpoints ({', '.join(steps)}) but is not one: give one of them, or "
+                "resume: auto")
     files = _read_manifest(path)
     if files is None:
         return f"no valid {MANIFEST} (not a checkpoint, or its write was interrupted)"
