@@ -14,6 +14,7 @@ from ..lora_targets import layer_index
 from ..models.identity import base_mismatch, identity_metadata, recorded_identity
 from ..nn import Linear, PackedLinear
 from ..quant import REGISTRY
+from ..run_layout import step_dirs
 from ..tokenizer import chat_template_text, read_chat_template
 from .gguf_lora import is_adapter_gguf, read_gguf_lora
 from .lora import LoraLinear
@@ -139,10 +140,21 @@ def check_adapter_path(adapter_dir):
                          "output_dir, a checkpoint, a PEFT adapter folder; or a llama.cpp "
                          "LoRA GGUF)")
     cfg_path, w_path = d / CONFIG, d / WEIGHTS
+    kept = _checkpoint_adapters(d) if not cfg_path.is_file() else []
+    if kept:
+        raise ModelError(f"{d}: the run has no final adapter (a run writes it when it ends); "
+                         f"its newest checkpoint holds the adapter so far: give {kept[-1]}, or "
+                         "resume the run")
     for p in (cfg_path, w_path):
         if not p.is_file():
             raise ModelError(f"{p}: adapter file not found")
     return cfg_path, w_path
+
+
+def _checkpoint_adapters(run_dir):
+    """The checkpoint folders of an unfinished run in `run_dir` that hold an adapter, oldest
+    first."""
+    return [p for _, p in step_dirs(run_dir) if (p / CONFIG).is_file() and (p / WEIGHTS).is_file()]
 
 
 def read_adapter(adapter_dir, base_config=None):

@@ -100,6 +100,12 @@ output_dir: {tmp_path / 'out'}
         newest = tmp_path / "out" / "checkpoints" / "step-3"  # the last step saves too
         assert err == (f"packlora: interrupted; {newest} holds the run up to step 3; the same "
                        "command with resume=auto continues it\n")
+        # its folder as an adapter: it said "adapter_config.json: adapter file not found"
+        argv = ["generate", "--model", str(tiny / "model"), "--adapter", str(tmp_path / "out"),
+                "--prompt", "1+2"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "the run has no final adapter" in err and f"give {newest}, or resume" in err
     else:
         assert err.startswith("packlora: interrupted; no checkpoint was written yet")
 

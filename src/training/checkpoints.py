@@ -9,7 +9,6 @@ none — and resume then takes the newest complete one, saying which it skipped.
 """
 import hashlib
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -18,14 +17,10 @@ from ..adapters import load_adapter, save_adapter
 from ..adapters.peft_io import CONFIG, WEIGHTS
 from ..errors import TrainingError
 from ..fileio import _fsync_dir, load_safetensors, save_safetensors, write_json
+from ..run_layout import checkpoint_root, step_dirs
 
 STATE, OPTIM, MANIFEST = "trainer_state.json", "optimizer.safetensors", "manifest.json"
 FILES = (WEIGHTS, CONFIG, OPTIM, STATE)
-_STEP_RE = re.compile(r"^step-(\d+)$")
-
-
-def checkpoint_root(output_dir):
-    return Path(output_dir) / "checkpoints"
 
 
 def _sha256(path):
@@ -51,7 +46,7 @@ def incomplete_reason(path):
         what = "a file" if path.exists() else "no such folder"
         return f"{what} (a checkpoint is a step-N folder under output_dir/checkpoints)"
     run = path.parent if path.name == "checkpoints" else path  # a run folder, or its checkpoints
-    steps = [str(p.relative_to(path)) for _, p in _step_dirs(run) if p.is_relative_to(path)]
+    steps = [str(p.relative_to(path)) for _, p in step_dirs(run) if p.is_relative_to(path)]
     if steps and not (path / MANIFEST).exists():
         return (f"holds checkpoints ({', '.join(steps)}) but is not one: give one of them, or "
                 "resume: auto")
@@ -81,18 +76,9 @@ def verify_checkpoint(path):
         raise TrainingError(f"{path}: cannot read checkpoint: {reason}")
 
 
-def _step_dirs(output_dir):
-    root = checkpoint_root(output_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := _STEP_RE.match(p.name)) and p.is_dir()]
-    return sorted(found)
-
-
 def list_checkpoints(output_dir):
     """Complete checkpoints as (step, path), oldest first."""
-    return [(s, p) for s, p in _step_dirs(output_dir) if incomplete_reason(p) is None]
+    return [(s, p) for s, p in step_dirs(output_dir) if incomplete_reason(p) is None]
 
 
 def start_over(output_dir, overwrite):
@@ -100,7 +86,7 @@ def start_over(output_dir, overwrite):
     adapter, or checkpoints too damaged to read) would replace that run: a TrainingError unless
     overwrite, which first drops the unreadable checkpoints (the new run's would mix with them)."""
     out = Path(output_dir)
-    steps = [p for _, p in _step_dirs(out)]  # none of them could be read
+    steps = [p for _, p in step_dirs(out)]  # none of them could be read
     held = [str(p) for p in steps] + ([str(out / WEIGHTS)] if (out / WEIGHTS).is_file() else [])
     if held and not overwrite:
         raise TrainingError(f"resume: no checkpoint to continue in {out}, which holds a run "
@@ -163,7 +149,7 @@ def resume_candidates(output_dir, resume):
     if str(resume) != "auto":
         return [Path(resume)], []
     notes, out = [], []
-    for step, path in reversed(_step_dirs(output_dir)):
+    for step, path in reversed(step_dirs(output_dir)):
         reason = incomplete_reason(path)
         if reason is None:
             out.append(path)
