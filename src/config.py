@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from .config_errors import format_errors, section_model, suggest
-from .config_yaml import StrictLoader, read_yaml
+from .config_yaml import StrictLoader, check_relative_paths, read_yaml
 from .device import DEFAULT_SCRATCH_MIB
 from .errors import ConfigError
 from .quant import FORMATS
@@ -363,7 +363,9 @@ def parse_config(data: dict, overrides=(), source: str = "<dict>") -> RunConfig:
 
 def load_config(path: str | Path, overrides=()) -> RunConfig:
     """Read a YAML run config, apply overrides (which win over the file) and validate it."""
-    return parse_config(read_yaml(path), overrides, source=str(path))
+    cfg = parse_config(read_yaml(path), overrides, source=str(path))
+    check_relative_paths(cfg.model_dump(mode="json"), path)
+    return cfg
 
 
 def resolve_config(config, overrides=()) -> RunConfig:

@@ -45,3 +45,25 @@ def read_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
     return data
+
+
+PATH_KEYS = ("model", "data.train", "data.valid", "data.chat_template", "lora.start_from",
+             "resume")  # the settings that name files to read
+
+
+def check_relative_paths(values: dict, config_path: str | Path) -> None:
+    """A relative path of the config that is missing from the current folder but lies beside
+    the config file is a ConfigError saying so: paths are taken from the current folder, as the
+    commands' own are, and the run would fail later (or take a model name for it)."""
+    folder = Path(config_path).parent
+    for key in PATH_KEYS:
+        value = values
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if not isinstance(value, str) or "{" in value or Path(value).is_absolute():
+            continue  # unset, auto, or an inline chat template
+        if not Path(value).exists() and (folder / value).exists():
+            raise ConfigError(f"{config_path}: {key}: {value} is not in the current folder "
+                              f"({Path.cwd()}) but is beside the config ({folder / value}); "
+                              "paths are taken from the current folder: run from the config's, "
+                              "or give the path from here")

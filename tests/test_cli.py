@@ -110,6 +110,18 @@ output_dir: {tmp_path / 'out'}
         assert err.startswith("packlora: interrupted; no checkpoint was written yet")
 
 
+def test_cli_finetune_of_a_missing_model_says_only_that(tiny, tmp_path, capsys):
+    """The memory check's plan added "(the memory plan needs only the config: pass model=...)",
+    advice for memory-report, to finetune's error."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {tmp_path / 'nope'}\ndata: {{train: {tiny / 'train.jsonl'}}}\n"
+                   f"output_dir: {tmp_path / 'run'}\n")
+    assert main(["finetune", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"packlora: error: {tmp_path / 'nope'}: no such model folder")
+    assert "memory plan" not in err and not (tmp_path / "run").exists()
+
+
 def test_cli_finetune_refuses_a_run_that_cannot_fit(tiny, tmp_path, monkeypatch, capsys):
     """A batch of 1,000 SmolLM2 rows (84 GiB planned) started on a 23 GiB machine and grew to
     23.2 GiB of RSS before this check; now the plan is compared before anything loads."""

@@ -122,6 +122,20 @@ def test_bad_overrides(tmp_path):
     assert msg == f"{path}: override 'train.lr=fast': train.lr: expected a number, got 'fast'"
 
 
+def test_a_path_beside_the_config_but_not_here_is_named(tmp_path, monkeypatch):
+    """Run from another folder, a config's relative data path said only "dataset file not
+    found" once the model had loaded (and a model folder, "not a known model name")."""
+    (tmp_path / "proj" / "data").mkdir(parents=True)
+    (tmp_path / "proj" / "data" / "t.jsonl").write_text("{}\n")
+    path = write(tmp_path / "proj", "model: m\ndata: {train: data/t.jsonl}\n")
+    monkeypatch.chdir(tmp_path)
+    msg = error_of(load_config, path)
+    assert msg.startswith(f"{path}: data.train: data/t.jsonl is not in the current folder "
+                          f"({tmp_path}) but is beside the config")
+    monkeypatch.chdir(tmp_path / "proj")
+    assert load_config(path).data.train == "data/t.jsonl"  # found from here: no complaint
+
+
 def test_length_and_warmup_rules():
     assert parse_config({**MINIMAL, "train": {"epochs": 3}}).train.max_steps is None
     msg = error_of(parse_config, {**MINIMAL, "train": {"epochs": 3, "max_steps": 5}})

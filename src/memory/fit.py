@@ -4,7 +4,7 @@ or swaps the machine to a crawl)."""
 from pathlib import Path
 
 from .._env import local_ranks
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelError
 from .planner import plan
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -46,7 +46,10 @@ def check_fits(cfg, ranks=1):
     a GPU run is not planned here (its memory is the GPU's)."""
     if not cfg.device.startswith("cpu"):
         return
-    rep = plan(cfg, ranks=ranks)
+    try:
+        rep = plan(cfg, ranks=ranks)
+    except ModelError:
+        return  # no model to plan: the run's loading says what is wrong, in its own words
     have = available_ram()
     here = local_ranks() if ranks > 1 else 1
     need = rep["plan"]["peak_bytes"] * here
