@@ -60,8 +60,9 @@ def check_relative_paths(values: dict, config_path: str | Path) -> None:
         value = values
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
-        if not isinstance(value, str) or "{" in value or Path(value).is_absolute():
-            continue  # unset, auto, or an inline chat template
+        if not isinstance(value, str) or value == "auto" or "{" in value \
+                or Path(value).is_absolute():
+            continue  # unset, resume: auto, an inline chat template
         if not Path(value).exists() and (folder / value).exists():
             raise ConfigError(f"{config_path}: {key}: {value} is not in the current folder "
                               f"({Path.cwd()}) but is beside the config ({folder / value}); "

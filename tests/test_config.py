@@ -134,6 +134,9 @@ def test_a_path_beside_the_config_but_not_here_is_named(tmp_path, monkeypatch):
                           f"({tmp_path}) but is beside the config")
     monkeypatch.chdir(tmp_path / "proj")
     assert load_config(path).data.train == "data/t.jsonl"  # found from here: no complaint
+    (tmp_path / "proj" / "auto").mkdir()  # resume: auto is no path, whatever lies beside it
+    monkeypatch.chdir(tmp_path / "proj" / "data")
+    assert load_config(path, ["data.train=t.jsonl", "resume=auto"]).resume == "auto"
 
 
 def test_length_and_warmup_rules():
