@@ -18,6 +18,14 @@ def _prompt_ids(tok, prompt):
     return tok.encode(prompt, add_special_tokens=True)
 
 
+def _check_not_empty(id_lists):
+    """Each prompt needs a token to predict from (a padded empty row would attend to nothing)."""
+    empty = [i for i, ids in enumerate(id_lists) if not len(ids)]
+    if empty:
+        raise ConfigError(f"generation: prompt {empty[0]} has no tokens (an empty text, and the "
+                          "tokenizer adds no BOS token); give it some text")
+
+
 def check_settings(max_new_tokens, temperature, top_p, top_k, seed, batch_size=1):
     """One clear error naming the setting, before anything runs: a negative token count, a
     temperature below 0 or not a number, top_p outside [0, 1], a negative top_k or seed, or a
@@ -131,6 +139,7 @@ def generate_ids(model, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top
     int8_activations=False keeps float32 x in every product (slower, the training forward's
     numbers)."""
     check_settings(max_new_tokens, temperature, top_p, top_k, seed)
+    _check_not_empty([ids])
     return _decode(model, [list(ids)], max_new_tokens, temperature, top_p, top_k, seed,
                    set(eos_ids), list(stop), int8_activations)[0]
 
@@ -150,6 +159,7 @@ def generate_batch(model, prompts, max_new_tokens=128, temperature=0.0, top_p=1.
                         "generate() takes one")
     stop = [stop] if isinstance(stop, str) else list(stop or ())
     ids = [_prompt_ids(tok, p) for p in prompts]
+    _check_not_empty(ids)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     texts = [None] * len(ids)
     for c in range(0, len(order), batch_size):

@@ -13,6 +13,7 @@ from packlora import cli
 from packlora.memory import fit
 from packlora.cli import main
 from packlora.config import load_config
+from packlora.errors import ConfigError
 from packlora.generate import generate, generate_batch, generate_ids
 from packlora.models import load_model
 from packlora.training import run
@@ -281,6 +282,15 @@ def test_generation_and_training_know_the_context(tiny, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("packlora: error: generation: a prompt of ") and err.count("\n") == 1
     assert f"longer than the context of {folder} (16 positions)" in err
+    # an empty plain prompt of a tokenizer without BOS: was an internal ZeroDivisionError
+    assert main(["generate", "--model", str(folder), "--no-chat", "--prompt", ""]) == 2
+    assert capsys.readouterr().err == ("packlora: error: generation: prompt 0 has no tokens (an "
+                                       "empty text, and the tokenizer adds no BOS token); give "
+                                       "it some text\n")
+    with pytest.raises(ConfigError, match="prompt 1 has no tokens"):
+        generate_batch(model, ["1+2", ""])  # named in the caller's order, not the sorted one
+    with pytest.raises(ConfigError, match="prompt 0 has no tokens"):
+        generate_ids(model, [])
     run = tmp_path / "run.yaml"
     run.write_text(f"""
 model: {folder}
