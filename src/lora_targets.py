@@ -114,3 +114,15 @@ def targets_for(modules, lora) -> list[Target]:
                                   f"fit to a ({t.n_out}, {t.n_in}) weight (at most "
                                   f"{min(t.n_out, t.n_in)})")
     return found
+
+
+def check_patterns(lora, paths) -> None:
+    """ConfigError for a lora.rank_pattern / alpha_pattern key found in none of the adapted
+    module `paths` (a run's own config: a mistyped key would otherwise leave its modules at
+    lora.rank / lora.alpha without a word; a PEFT adapter's patterns may name modules it skips)."""
+    for name in ("rank_pattern", "alpha_pattern"):
+        for key in getattr(lora, name) or {}:
+            if not any(re.search(key, p) for p in paths):
+                kinds = ", ".join(sorted({p.rsplit(".", 1)[-1] for p in paths}))
+                raise ConfigError(f"lora.{name}: {key!r} is found in none of the adapted "
+                                  f"modules ({kinds}, in lora.layers where set)")

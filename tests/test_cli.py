@@ -123,6 +123,19 @@ def test_cli_finetune_of_a_missing_model_says_only_that(tiny, tmp_path, capsys):
     assert "memory plan" not in err and not (tmp_path / "run").exists()
 
 
+def test_a_rank_pattern_that_adapts_nothing_is_named(tiny, tmp_path, capsys):
+    """rank_pattern: {q_prj: 8} trained every module at lora.rank, without a word."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {tiny / 'model'}\ndata: {{train: {tiny / 'train.jsonl'}}}\n"
+                   "lora: {targets: [q_proj, v_proj], rank_pattern: {q_prj: 8}}\n"
+                   f"output_dir: {tmp_path / 'run'}\n")
+    assert main(["finetune", str(cfg), "--quiet"]) == 2
+    assert capsys.readouterr().err == ("packlora: error: lora.rank_pattern: 'q_prj' is found in "
+                                       "none of the adapted modules (q_proj, v_proj, in "
+                                       "lora.layers where set)\n")
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_finetune_refuses_a_run_that_cannot_fit(tiny, tmp_path, monkeypatch, capsys):
     """A batch of 1,000 SmolLM2 rows (84 GiB planned) started on a 23 GiB machine and grew to
     23.2 GiB of RSS before this check; now the plan is compared before anything loads."""

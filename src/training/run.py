@@ -20,6 +20,7 @@ from ..config import resolve_config
 from ..data import build_datasets
 from ..device import Device
 from ..errors import ConfigError, ModelError, PackloraError, TrainingError
+from ..lora_targets import check_patterns
 from ..models import load_model
 from .checkpoints import incomplete_reason, list_checkpoints, what_is_kept
 from .distributed import World
@@ -118,6 +119,7 @@ def _finetune(cfg, progress, world):
             raise ConfigError(f"lora.start_from: {e}") from None
     model = load_model(cfg.model, device, quant=cfg.quant)
     apply_lora(model, cfg.lora)  # the same initial adapter on every rank (or start_from's)
+    check_patterns(cfg.lora, model.lora_paths)
     if cfg.lora.start_from:
         _started_from(model, cfg.lora.start_from, keep_template=cfg.data.chat_template is None)
     if world.size > 1:  # then a dropout stream of its own per rank
