@@ -39,7 +39,9 @@ class FinetuneResult:
 
 def check_output_dir(cfg):
     """The files of an earlier run in output_dir that this one replaces (overwrite: true); a
-    ConfigError when they would be mixed with this run's (neither resume nor overwrite)."""
+    ConfigError when they would be mixed with this run's (neither resume nor overwrite), when
+    output_dir is a file, or when a resume path is no complete checkpoint: before anything
+    loads."""
     out = Path(cfg.output_dir)
     taken = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if taken is not None:  # before the model loads, not at the first write
