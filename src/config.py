@@ -364,7 +364,7 @@ def parse_config(data: dict, overrides=(), source: str = "<dict>") -> RunConfig:
 def load_config(path: str | Path, overrides=()) -> RunConfig:
     """Read a YAML run config, apply overrides (which win over the file) and validate it."""
     cfg = parse_config(read_yaml(path), overrides, source=str(path))
-    check_relative_paths(cfg.model_dump(mode="json"), path)
+    check_relative_paths(cfg, path)
     return cfg
 
 

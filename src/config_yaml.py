@@ -1,5 +1,6 @@
 """Reading YAML run configs strictly: a duplicate key is an error (not the last one silently
 kept), and malformed YAML is a one-line ConfigError naming file:line:column."""
+from operator import attrgetter
 from pathlib import Path
 
 import yaml
@@ -51,15 +52,13 @@ PATH_KEYS = ("model", "data.train", "data.valid", "data.chat_template", "lora.st
              "resume")  # the settings that name files to read
 
 
-def check_relative_paths(values: dict, config_path: str | Path) -> None:
-    """A relative path of the config that is missing from the current folder but lies beside
-    the config file is a ConfigError saying so: paths are taken from the current folder, as the
-    commands' own are, and the run would fail later (or take a model name for it)."""
+def check_relative_paths(cfg, config_path: str | Path) -> None:
+    """A relative path of the config `cfg` (a RunConfig) that is missing from the current folder
+    but lies beside the config file is a ConfigError saying so: paths are taken from the current
+    folder, as the commands' own are, and the run would fail later (or take a model name for it)."""
     folder = Path(config_path).parent
     for key in PATH_KEYS:
-        value = values
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
+        value = attrgetter(key)(cfg)
         if not isinstance(value, str) or value == "auto" or "{" in value \
                 or Path(value).is_absolute():
             continue  # unset, resume: auto, an inline chat template

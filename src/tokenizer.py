@@ -28,10 +28,10 @@ class Tokenizer:
 
     def __init__(self, backend, *, bos_token=None, eos_token=None, pad_token=None,
                  add_bos_token=False, add_eos_token=False, chat_template=None,
-                 source="tokenizer"):
+                 source="tokenizer", template_source=None):
         self._tok = backend  # tokenizers.Tokenizer
         self.source = source
-        self.template_source = source  # where the chat template came from, for its errors
+        self.template_source = template_source or source  # where the template came from
         self.add_bos_token = bool(add_bos_token)
         self.add_eos_token = bool(add_eos_token)
         self.chat_template = chat_template
@@ -50,8 +50,10 @@ class Tokenizer:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_file(cls, path, tokenizer_config: dict | None = None) -> Tokenizer:
-        """A Hugging Face tokenizer.json plus its tokenizer_config.json dict."""
+    def from_file(cls, path, tokenizer_config: dict | None = None,
+                  template_source: str | None = None) -> Tokenizer:
+        """A Hugging Face tokenizer.json plus its tokenizer_config.json dict (its chat template
+        from `template_source` when not tokenizer_config.json, for the template's errors)."""
         path = Path(path)
         if not path.is_file():
             raise ModelError(f"{path}: tokenizer file not found")
@@ -69,7 +71,7 @@ class Tokenizer:
         return cls(backend, bos_token=bos, eos_token=eos, pad_token=pad, add_bos_token=add_bos,
                    add_eos_token=bool(cfg.get("add_eos_token", False)),
                    chat_template=chat_template_text(cfg.get("chat_template"), path),
-                   source=str(path))
+                   source=str(path), template_source=template_source)
 
     @classmethod
     def from_gguf(cls, fields: dict, source: str = "model.gguf") -> Tokenizer:

@@ -95,10 +95,12 @@ class HFFolder:
             return None
         cfg_path = self.path / "tokenizer_config.json"
         cfg = read_json(cfg_path) if cfg_path.is_file() else {}
-        tok = Tokenizer.from_file(self.path / "tokenizer.json", cfg)
         jinja = self.path / "chat_template.jinja"
-        if cfg.get("chat_template") is None and jinja.is_file():
-            tok.set_chat_template(read_chat_template(jinja), str(jinja))
+        from_jinja = cfg.get("chat_template") is None and jinja.is_file()
+        if from_jinja:
+            cfg["chat_template"] = read_chat_template(jinja)
+        tok = Tokenizer.from_file(self.path / "tokenizer.json", cfg,
+                                  str(jinja) if from_jinja else None)
         gen_path = self.path / "generation_config.json"
         if gen_path.is_file():
             tok.add_eos_ids(read_json(gen_path).get("eos_token_id"))

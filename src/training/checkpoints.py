@@ -45,11 +45,6 @@ def incomplete_reason(path):
     if not path.is_dir():
         what = "a file" if path.exists() else "no such folder"
         return f"{what} (a checkpoint is a step-N folder under output_dir/checkpoints)"
-    run = path.parent if path.name == "checkpoints" else path  # a run folder, or its checkpoints
-    steps = [str(p.relative_to(path)) for _, p in step_dirs(run) if p.is_relative_to(path)]
-    if steps and not (path / MANIFEST).exists():
-        return (f"holds checkpoints ({', '.join(steps)}) but is not one: give one of them, or "
-                "resume: auto")
     files = _read_manifest(path)
     if files is None:
         return f"no valid {MANIFEST} (not a checkpoint, or its write was interrupted)"
@@ -62,6 +57,19 @@ def incomplete_reason(path):
         if size != entry.get("bytes"):
             return f"{name} has {size} bytes, the manifest says {entry.get('bytes')}"
     return None
+
+
+def named_checkpoint_problem(path):
+    """Why the checkpoint `resume` names cannot be resumed from, or None; cheap (no hashing).
+    A run folder or its checkpoints/ folder is said to hold checkpoints, naming them."""
+    path = Path(path)
+    if path.is_dir() and not (path / MANIFEST).exists():
+        run = path.parent if path.name == "checkpoints" else path
+        steps = [str(p.relative_to(path)) for _, p in step_dirs(run) if p.is_relative_to(path)]
+        if steps:
+            return (f"holds checkpoints ({', '.join(steps)}) but is not one: give one of them, "
+                    "or resume: auto")
+    return incomplete_reason(path)
 
 
 def verify_checkpoint(path):

@@ -22,7 +22,7 @@ from ..device import Device
 from ..errors import ConfigError, ModelError, PackloraError, TrainingError
 from ..lora_targets import check_patterns
 from ..models import load_model
-from .checkpoints import incomplete_reason, list_checkpoints, what_is_kept
+from .checkpoints import list_checkpoints, named_checkpoint_problem, what_is_kept
 from .distributed import World
 from .trainer import RUN_CONFIG, train
 
@@ -47,7 +47,7 @@ def check_output_dir(cfg):
     if taken is not None:  # before the model loads, not at the first write
         raise ConfigError(f"output_dir: {taken} is a file, not a folder" +
                           (f" (in the path {out})" if taken != out else ""))
-    if cfg.resume not in (None, "auto") and (why := incomplete_reason(Path(cfg.resume))):
+    if cfg.resume not in (None, "auto") and (why := named_checkpoint_problem(cfg.resume)):
         raise ConfigError(f"resume: {cfg.resume}: {why}")  # before the model loads
     existing = [n for n in _RUN_FILES if (out / n).exists()]
     if not existing or _continues(cfg.resume, out):
