@@ -65,9 +65,9 @@ KINDS = ("gpt2", "llama")
 
 
 def gguf_backend(fields: dict, source: str):
-    """(tokenizers.Tokenizer, {bos_token, eos_token, pad_token, add_bos_token, add_eos_token}) of
-    GGUF
-    metadata `fields`; ModelError naming `source` when the kind or the vocabulary is missing."""
+    """(tokenizers.Tokenizer, {bos_token, eos_token, pad_token, add_bos_token, add_eos_token,
+    chat_template}) of GGUF metadata `fields`; ModelError naming `source` and the key where the
+    kind is not supported or the vocabulary is missing or malformed."""
     kind = fields.get("tokenizer.ggml.model")
     if kind not in KINDS:
         raise ModelError(f"{source}: tokenizer.ggml.model {kind!r} is not supported "
@@ -75,19 +75,25 @@ def gguf_backend(fields: dict, source: str):
     tokens = fields.get("tokenizer.ggml.tokens")
     if not tokens:
         raise ModelError(f"{source}: GGUF metadata lacks tokenizer.ggml.tokens")
-    types = fields.get("tokenizer.ggml.token_type")
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ModelError(f"{source}: tokenizer.ggml.tokens must be an array of strings")
+    types = _per_token(fields, "tokenizer.ggml.token_type", tokens, int, source)
     backend = _bpe(fields, tokens, source) if kind == "gpt2" else _spm(fields, tokens, types,
                                                                         source)
     _add_special_tokens(backend, tokens, types)
 
     def text(key):
-        i = fields.get(key)
-        return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+        i = _special_id(fields, key, tokens, source)
+        return None if i is None else tokens[i]
     special = {"bos_token": text("tokenizer.ggml.bos_token_id"),
                "eos_token": text("tokenizer.ggml.eos_token_id"),
                "pad_token": text("tokenizer.ggml.padding_token_id"),
                "add_bos_token": fields.get("tokenizer.ggml.add_bos_token", kind == "llama"),
-               "add_eos_token": fields.get("tokenizer.ggml.add_eos_token", False)}
+               "add_eos_token": fields.get("tokenizer.ggml.add_eos_token", False),
+               "chat_template": fields.get("tokenizer.chat_template")}
+    if not isinstance(special["chat_template"], (str, type(None))):
+        raise ModelError(f"{source}: tokenizer.chat_template must be a string, not "
+                         f"{type(special['chat_template']).__name__}")
     return backend, special
 
 
@@ -97,7 +103,7 @@ def _bpe(fields, tokens, source):
         raise ModelError(f"{source}: GGUF metadata lacks tokenizer.ggml.merges")
     pre = fields.get("tokenizer.ggml.pre", "default")
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pairs = _merge_pairs(merges, vocab, source)
     backend = HFTokenizer(models.BPE(vocab=vocab, merges=pairs,
                                      ignore_merges=pre in _IGNORE_MERGES))
     backend.pre_tokenizer = pre_tokenizer(pre, source)
@@ -106,14 +112,14 @@ def _bpe(fields, tokens, source):
 
 
 def _spm(fields, tokens, types, source):
-    scores = fields.get("tokenizer.ggml.scores")
-    if scores is None or len(scores) != len(tokens):
+    scores = _per_token(fields, "tokenizer.ggml.scores", tokens, float, source)
+    if scores is None:
         raise ModelError(f"{source}: a SentencePiece vocabulary needs tokenizer.ggml.scores, one "
                          "per token")
     vocab = {}
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)
-    unk = fields.get("tokenizer.ggml.unknown_token_id")
+    unk = _special_id(fields, "tokenizer.ggml.unknown_token_id", tokens, source)
     bpe = models.BPE(vocab=vocab, merges=spm_merges(tokens, scores, vocab), byte_fallback=True,
                      fuse_unk=True, unk_token=None if unk is None else tokens[unk])
     backend = HFTokenizer(bpe)
@@ -123,6 +129,59 @@ def _spm(fields, tokens, types, source):
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     return backend
+
+
+def _per_token(fields, key, tokens, kind, source):
+    """The array at `key` holding one number (`kind`: int, or float which takes ints too) per
+    token, or None where the file has no such key."""
+    values = fields.get(key)
+    if values is None:
+        return None
+    kinds = (int, float) if kind is float else (int,)
+    if not (isinstance(values, list) and len(values) == len(tokens)
+            and all(isinstance(v, kinds) and not isinstance(v, bool) for v in values)):
+        raise ModelError(f"{source}: {key} must hold one number per token ({len(tokens)} "
+                         f"tokens), got {_described(values)}")
+    return values
+
+
+def _described(values) -> str:
+    if not isinstance(values, list):
+        return f"a {type(values).__name__}"
+    odd = next((v for v in values if not isinstance(v, (int, float)) or isinstance(v, bool)),
+               None)
+    return f"{len(values)} values" + (f", one of them {odd!r}" if odd is not None else "")
+
+
+def _special_id(fields, key, tokens, source) -> int | None:
+    """A special token's id; one that is no token id is ignored with a warning, as llama.cpp
+    ignores it ("bad special token")."""
+    i = fields.get(key)
+    if i is None:
+        return None
+    if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(tokens):
+        return i
+    warnings.warn(f"{source}: {key} {i!r} is no token id (the vocabulary has {len(tokens)} "
+                  "tokens); ignored", stacklevel=4)
+    return None
+
+
+def _merge_pairs(merges, vocab, source) -> list[tuple[str, str]]:
+    """tokenizer.ggml.merges as (left, right) pairs; each side and their join must be tokens
+    (the tokenizers library would stop the process on a join that is none)."""
+    if not isinstance(merges, list):
+        raise ModelError(f"{source}: tokenizer.ggml.merges must be an array of strings")
+    pairs = []
+    for n, m in enumerate(merges):
+        cut = m.find(" ", 1) if isinstance(m, str) else -1  # llama.cpp: a token may lead with " "
+        pair = [m[:cut], m[cut + 1:]] if cut > 0 else []
+        missing = [t for t in (*pair, "".join(pair)) if t not in vocab]
+        if len(pair) != 2 or missing:
+            why = (f"{missing[0]!r} is not a token" if len(pair) == 2
+                   else "not two tokens with a space between")
+            raise ModelError(f"{source}: tokenizer.ggml.merges[{n}] {m!r}: {why}")
+        pairs.append(tuple(pair))
+    return pairs
 
 
 def spm_merges(tokens, scores, vocab):

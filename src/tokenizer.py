@@ -78,8 +78,7 @@ class Tokenizer:
         """The tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata: byte-level
         BPE ("gpt2") or SentencePiece ("llama"), see gguf_tokenizer.py."""
         backend, special = gguf_backend(fields, source)
-        return cls(backend, **special, chat_template=fields.get("tokenizer.chat_template"),
-                   source=source)
+        return cls(backend, **special, source=source)
 
     def save(self, folder) -> None:
         """Write tokenizer.json and tokenizer_config.json (Hugging Face layout) into `folder`."""

@@ -155,10 +155,11 @@ def llama3_inv_freq(theta, dim, rs):
     return np.where(medium, blended, out)
 
 
-def write_gguf(path, arch, qtype="Q8_0", weights=None):
+def write_gguf(path, arch, qtype="Q8_0", weights=None, vocab=False):
     """A GGUF file of a tiny model: linear weights and the embedding in `qtype` (Q4_0, Q4_1,
     Q8_0), norms and biases F32. Llama files get the converter's Q/K row permutation, and
-    llama3 scaling becomes a rope_freqs.weight tensor as llama.cpp writes it.
+    llama3 scaling becomes a rope_freqs.weight tensor as llama.cpp writes it. With `vocab`, a
+    byte-level BPE vocabulary of VOCAB tokens with merges and a chat template (gguf_vocab).
     Returns (path, {hf name: (gguf type name, stored array as written, before dequantizing)})."""
     import gguf
     cfg = hf_config(arch)
@@ -177,6 +178,8 @@ def write_gguf(path, arch, qtype="Q8_0", weights=None):
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(VOCAB)
+    if vocab:
+        gguf_vocab(w)
     qt = getattr(gguf.GGMLQuantizationType, qtype)
     stored = {}
     if cfg.get("rope_scaling"):
@@ -200,6 +203,23 @@ def write_gguf(path, arch, qtype="Q8_0", weights=None):
     w.write_tensors_to_file()
     w.close()
     return Path(path), stored
+
+
+def gguf_vocab(writer):
+    """tokenizer.ggml.* metadata of a gpt2-kind vocabulary of VOCAB tokens: four control tokens,
+    single characters, and three merged tokens with their merges."""
+    merged = ["ab", "abc", "cd"]
+    singles = [chr(0x21 + i) for i in range(VOCAB - 4 - len(merged))]
+    tokens = ["<s>", "</s>", "<|im_start|>", "<|im_end|>", *singles, *merged]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * 4 + [1] * (VOCAB - 4))
+    writer.add_token_merges(["a b", "ab c", "c d"])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(3)
+    writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>"
+                             "{% endfor %}")
 
 
 def gguf_reference_weights(stored, arch):

@@ -70,7 +70,10 @@ def _read_gguf(path):
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory):
-    path, _ = mf.write_gguf(tmp_path_factory.mktemp("fz") / "m.gguf", "llama", "Q8_0")
+    path, _ = mf.write_gguf(tmp_path_factory.mktemp("fz") / "m.gguf", "llama", "Q8_0",
+                            vocab=True)
+    tok = open_gguf(path).tokenizer  # the vocabulary the flips below land in
+    assert tok.encode("abcd") == [tok.token_to_id("abc"), tok.token_to_id("d")]
     raw = path.read_bytes()
     r = gguf.GGUFReader(str(path))
     bounds = {0, 4, 8, 16, 24, len(raw) - 1, r.data_offset, r.data_offset - 1}

@@ -161,6 +161,46 @@ def test_gguf_tokenizer_kinds():
                             "x.gguf")
 
 
+def _gpt2_fields(**changed):
+    tokens = ["<s>", "</s>", "a", "b", "c", "ab", "abc"]
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2",
+              "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3, 3, 1, 1, 1, 1, 1],
+              "tokenizer.ggml.merges": ["a b", "ab c"], "tokenizer.ggml.eos_token_id": 1}
+    fields.update({f"tokenizer.{k.replace('__', '.')}": v for k, v in changed.items()})
+    return fields
+
+
+@pytest.mark.parametrize("changed, problem", [
+    ({"ggml__tokens": [0, 1, 2]}, "tokenizer.ggml.tokens must be an array of strings"),
+    ({"ggml__merges": ["ab"]}, r"tokenizer.ggml.merges\[0\] 'ab': not two tokens with a space"),
+    ({"ggml__merges": ["a b", "b c"]}, r"tokenizer.ggml.merges\[1\] 'b c': 'bc' is not a token"),
+    ({"ggml__merges": ["a z"]}, r"tokenizer.ggml.merges\[0\] 'a z': 'z' is not a token"),
+    ({"ggml__merges": "a b"}, "tokenizer.ggml.merges must be an array of strings"),
+    ({"ggml__token_type": [3, 3]}, r"tokenizer.ggml.token_type must hold one number per "
+                                   r"token \(7 tokens\), got 2 values"),
+    ({"ggml__token_type": ["x"] * 7}, "tokenizer.ggml.token_type must hold .*, one of them 'x'"),
+    ({"chat_template": 5}, "tokenizer.chat_template must be a string, not int"),
+    ({"ggml__model": "llama", "ggml__scores": [0.0] * 3}, "tokenizer.ggml.scores must hold one "
+                                                          "number per token"),
+])
+def test_malformed_gguf_vocabularies_are_named(changed, problem):
+    """A GGUF's vocabulary that the tokenizers library would refuse (or stop the process on: a
+    merge whose join is no token) is a ModelError naming the file and the key."""
+    Tokenizer.from_gguf(_gpt2_fields(), "x.gguf")
+    with pytest.raises(ModelError, match=f"^x.gguf: {problem}"):
+        Tokenizer.from_gguf(_gpt2_fields(**changed), "x.gguf")
+
+
+def test_gguf_special_token_ids_out_of_range_are_ignored():
+    """As llama.cpp does ("bad special token"), with a warning naming the key."""
+    with pytest.warns(UserWarning, match="x.gguf: tokenizer.ggml.bos_token_id 99 is no token id"):
+        tok = Tokenizer.from_gguf(_gpt2_fields(ggml__bos_token_id=99), "x.gguf")
+    assert tok.bos_token_id is None and tok.eos_token_id == 1
+    with pytest.warns(UserWarning, match="unknown_token_id 99 is no token id"):
+        Tokenizer.from_gguf(_gpt2_fields(ggml__model="llama", ggml__scores=[0] * 7,
+                                         ggml__unknown_token_id=99), "x.gguf")
+
+
 def test_chat_records_without_a_template_need_data_chat_template(tmp_path):
     """Chat data and a tokenizer without a template: an error naming data.chat_template (no
     silent ChatML); with data.chat_template, as a string or a file, the records use it."""
