@@ -13,10 +13,11 @@ from packlora import cli
 from packlora.memory import fit
 from packlora.cli import main
 from packlora.config import load_config
-from packlora.errors import ConfigError
+from packlora.errors import ConfigError, ModelError
 from packlora.generate import generate, generate_batch, generate_ids
 from packlora.models import load_model
 from packlora.training import run
+from tokenizers import Tokenizer as HFTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOL = "smollm2-135m-instruct"
@@ -320,6 +321,25 @@ output_dir: {tmp_path / 'out'}
                  f"output_dir={tmp_path / 'out2'}"]) == 0
     assert ("packlora: warning: train.batch_size: 50 is more than the 9 training rows; every "
             "step takes all 9") in capsys.readouterr().err.splitlines()
+
+
+def test_a_token_the_model_has_no_row_for_is_named(tiny, tmp_path, capsys):
+    """A tokenizer with more tokens than the model's embedding (a token added without resizing
+    the model) was an internal IndexError; so was a negative id given to generate_ids."""
+    folder = tmp_path / "more_tokens"
+    folder.mkdir()
+    for f in (tiny / "model").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(["<extra>"])
+    tok.save(str(folder / "tokenizer.json"))
+    assert main(["generate", "--model", str(folder), "--no-chat", "--prompt", "1+2 <extra>"]) == 2
+    rows = json.loads((folder / "config.json").read_text())["vocab_size"]
+    assert capsys.readouterr().err == (
+        f"packlora: error: token id {rows} has no row in the model's embedding ({rows} rows): "
+        "the tokenizer has more tokens than the model\n")
+    with pytest.raises(ModelError, match="^token id -1 is negative$"):
+        generate_ids(load_model(tiny / "model", quant="none"), [5, -1])
 
 
 def test_generate_api_refuses_a_prompt_of_the_wrong_kind(tiny):

@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import kernels, ops
+from ..errors import ModelError
 from ..tensor import Tensor
 from .module import Module
 
@@ -34,12 +35,18 @@ class Embedding(Module):
     def packed(self):
         return not isinstance(self.weight, Tensor)
 
+    def _check_ids(self, low, high):
+        if low < 0:
+            raise ModelError(f"token id {low} is negative")
+        if high >= self.num_embeddings:
+            raise ModelError(f"token id {high} has no row in the model's embedding "
+                             f"({self.num_embeddings} rows): the tokenizer has more tokens "
+                             "than the model")
+
     def forward(self, ids, device):
         idx = ids.data if isinstance(ids, Tensor) else device.xp.asarray(ids)
-        vmax = int(idx.max()) if idx.size else 0
-        if idx.size and (vmax >= self.num_embeddings or int(idx.min()) < 0):
-            raise IndexError(f"token id {vmax} out of range for a vocabulary of "
-                             f"{self.num_embeddings}")
+        if idx.size:
+            self._check_ids(int(idx.min()), int(idx.max()))
         if self.packed:
             return Tensor(gather_packed_rows(self.weight, idx, device), device)
         return ops.embedding(self.weight, idx)
