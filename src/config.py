@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import math
 import re
 from pathlib import Path
@@ -329,7 +330,7 @@ def _check_override_key(parts: list, text: str, source: str) -> None:
 def apply_overrides(data: dict, overrides, source: str) -> tuple[dict, dict]:
     """A copy of `data` with `key.path=value` overrides set, and {loc: override} for errors."""
     merged, origins = copy.deepcopy(data), {}
-    for text in overrides:
+    for text in [overrides] if isinstance(overrides, str) else overrides:
         key, sep, raw = str(text).partition("=")
         parts = key.strip().split(".")
         if not sep or not all(parts):
@@ -374,4 +375,7 @@ def resolve_config(config, overrides=()) -> RunConfig:
         return parse_config(config.model_dump(), overrides, "<RunConfig>") if overrides else config
     if isinstance(config, dict):
         return parse_config(config, overrides)
+    if not isinstance(config, (str, os.PathLike)):
+        raise TypeError(f"a run config is a YAML path, a dict or a RunConfig, not "
+                        f"{type(config).__name__}")
     return load_config(config, overrides)

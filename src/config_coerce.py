@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
 
-from .config import LoraConfig, QuantConfig
+from .config import LoraConfig, QuantConfig, TrainConfig
 from .config_errors import format_errors
 from .errors import ConfigError
 
@@ -28,6 +28,15 @@ def lora_config(cfg) -> LoraConfig:
     if isinstance(cfg, dict):
         return _validate(LoraConfig, cfg, "lora")
     raise ConfigError(f"lora: expected a LoraConfig or a dict, got {type(cfg).__name__}")
+
+
+def train_config(cfg) -> TrainConfig:
+    """A TrainConfig from a TrainConfig or a dict of its fields (YAML's `train:` section)."""
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    if isinstance(cfg, dict):
+        return _validate(TrainConfig, cfg, "train")
+    raise ConfigError(f"train: expected a TrainConfig or a dict, got {type(cfg).__name__}")
 
 
 def quant_config(quant) -> QuantConfig:

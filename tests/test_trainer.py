@@ -19,7 +19,7 @@ from packlora.training.optim import AdamW, clip_grad_norm
 from packlora.training.progress import Progress
 from packlora.training.run import finetune
 from packlora.training.schedule import Schedule
-from packlora.training.trainer import Trainer, _bar_info, _memory_record, evaluate
+from packlora.training.trainer import Trainer, _bar_info, _memory_record, evaluate, train
 from rich.console import Console
 
 
@@ -190,6 +190,27 @@ def _trainer(model_dir, examples, seed=0, **train):
     cfg = TrainConfig(**{"max_steps": 2, "lr": 1e-2, "warmup_steps": 0, "eval_every": 0,
                          "save_every": 0, "schedule": "constant", **train})
     return Trainer(model, examples, cfg, progress=False)
+
+
+def test_train_api_takes_a_dict_and_names_what_it_cannot_take(setup, tmp_path):
+    """train(model, rows, {"max_steps": 1}) was an AttributeError ('dict' object has no
+    attribute 'lr'), as were rows that are no Examples; finetune(path, overrides="k=v") took
+    the string's characters for overrides."""
+    dev = Device.cpu().autodiff()
+    model = load_model(setup["model"], dev, quant="nf4")
+    apply_lora(model, {"targets": ["q_proj"], "rank": 2, "alpha": 4})
+    rows = _examples(4, 8)
+    assert len(train(model, rows, {"max_steps": 1, "batch_size": 2}, progress=False)) == 1
+    with pytest.raises(ConfigError, match="train: max_step: unknown key, did you mean .max_steps."):
+        train(model, rows, {"max_step": 1}, progress=False)
+    with pytest.raises(TypeError, match="train_examples must hold Example rows .*, not str"):
+        train(model, "abc", {"max_steps": 1}, progress=False)
+    with pytest.raises(TypeError, match="valid must hold Example rows .*, not dict"):
+        train(model, rows, TrainConfig(max_steps=1), valid=[{"text": "x"}], progress=False)
+    res = finetune(run_cfg(setup, tmp_path / "o"), overrides="train.max_steps=1", progress=False)
+    assert len(res.history) == 1
+    with pytest.raises(TypeError, match="a run config is a YAML path, a dict or a RunConfig"):
+        finetune(None)
 
 
 def test_grad_accumulation_equals_bigger_batch(setup):

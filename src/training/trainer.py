@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 
 from ..autodiff import on_complete_grad, without_autodiff
-from ..data import Batches
+from ..config_coerce import train_config
+from ..data import Batches, Example
 from ..errors import TrainingError
 from ..fileio import write_text
 from ..tracker import rss_peak
@@ -302,9 +303,16 @@ def _bar_info(rec):
 
 def train(model, train_examples, cfg, valid=None, output_dir=None, resume=None, pad_id=0,
           progress=True, run_config=None, world=None):
-    """Train the model's adapters; returns the per-step records. `run_config` (the whole
-    RunConfig) is what a resume is checked against; without it, the train section. `world`
-    (distributed.World) makes this one rank of a data-parallel run."""
+    """Train the model's adapters; returns the per-step records. `cfg`: a TrainConfig or a dict
+    of its fields. `run_config` (the whole RunConfig) is what a resume is checked against;
+    without it, the train section. `world` (distributed.World) makes this one rank of a
+    data-parallel run."""
+    cfg = train_config(cfg)
+    for name, rows in (("train_examples", train_examples), ("valid", valid or [])):
+        odd = next((r for r in rows if not isinstance(r, Example)), None)
+        if odd is not None:
+            raise TypeError(f"train: {name} must hold Example rows (packlora.data."
+                            f"build_datasets makes them), not {type(odd).__name__}")
     trainer = Trainer(model, train_examples, cfg, valid, output_dir, pad_id, progress,
                       run_config, world)
     return trainer.run(resume)
