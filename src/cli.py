@@ -44,6 +44,8 @@ def _cmd_finetune(a):
     if not a.no_memory_check:  # before anything loads: a run that cannot fit is killed mid-way
         check_fits(cfg, ranks=launched_ranks())
     res = finetune(cfg, progress=not a.quiet)
+    if res.rank != 0:
+        return  # rank 0 says what the run wrote
     last = res.history[-1] if res.history else {}
     print(json.dumps({"output_dir": str(res.output_dir), "steps": len(res.history),
                       "final_loss": last.get("loss"), "eval_loss": last.get("eval_loss")}))

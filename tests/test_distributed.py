@@ -115,6 +115,40 @@ def test_batch_that_does_not_divide_is_a_clear_error(files):
     assert "Traceback" not in done.stderr
 
 
+def in_two_folders(cfg, a, b, out):
+    """mpiexec of two ranks, the first working in folder a, the second in b."""
+    one = [sys.executable, "-c", CLI, "finetune", str(cfg), f"output_dir={out}", "--quiet"]
+    cmd = [str(MPIEXEC), "-n", "1", "-wdir", str(a), *one, ":", "-n", "1", "-wdir", str(b), *one]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_ranks_that_find_other_files_are_refused(files, tmp_path):
+    """One config, relative paths, and each rank's folder holding other data or another model:
+    the ranks trained on what each found, without a word. The same files run, and the result
+    line is printed once (it was printed by every rank)."""
+    cfg = yaml.safe_load(config(files, tmp_path / "unused").read_text())
+    cfg.update(model="model", data=dict(cfg["data"], train="train.jsonl"), resume=None)
+    path = tmp_path / "rel.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    rows = (files / "train.jsonl").read_text().splitlines(keepends=True)
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        mf.tiny_chat_model(folder / "model")
+        (folder / "train.jsonl").write_text("".join(rows))
+    done = in_two_folders(path, a, b, tmp_path / "same")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(done.stdout.splitlines()) == 1 and '"steps": 4' in done.stdout
+    (b / "train.jsonl").write_text("".join(rows[::-1]))
+    done = in_two_folders(path, a, b, tmp_path / "data")
+    assert done.returncode != 0 and "ranks were given different training data" in done.stderr
+    assert "each rank reads data.train and data.valid on its own machine" in done.stderr
+    (b / "train.jsonl").write_text("".join(rows))
+    mf.tiny_chat_model(b / "model", seed=1)
+    done = in_two_folders(path, a, b, tmp_path / "model")
+    assert done.returncode != 0 and "ranks were given different base models" in done.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "model").exists()
+
+
 def on_two_ranks(code, cfg):
     """mpiexec -n 2 of a Python snippet (argv[1] is the config), bounded in time: no hang."""
     return subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", code, str(cfg)],

@@ -176,7 +176,8 @@ class World:
         """[obj of rank 0, ..., obj of rank N-1] on rank 0 (None elsewhere)."""
         return [obj] if self.size == 1 else self.comm.gather(obj, root=0)
 
-    def check_same(self, what, value):
+    def check_same(self, what, value,
+                   hint="start every rank with the same config and overrides"):
         """ConfigError on every rank unless `value` (e.g. the resolved config) is the same on all
         ranks; compared by hash."""
         if self.size == 1:
@@ -185,8 +186,7 @@ class World:
         hashes = self.comm.allgather(digest.hexdigest()[:16])
         if len(set(hashes)) > 1:
             raise ConfigError(f"the {self.size} ranks were given different {what} "
-                              f"(hashes by rank: {', '.join(hashes)}); start every rank with the "
-                              "same config and overrides")
+                              f"(hashes by rank: {', '.join(hashes)}); {hint}")
 
     def abort(self, code):
         """End every rank now (an error on one rank must not leave the others waiting). The

@@ -24,6 +24,7 @@ from ..lora_targets import check_patterns
 from ..models import load_model
 from .checkpoints import list_checkpoints, named_checkpoint_problem, what_is_kept
 from .distributed import World
+from .fingerprint import data_digest
 from .trainer import RUN_CONFIG, train
 
 _RUN_FILES = ("metrics.jsonl", "checkpoints", WEIGHTS, CONFIG, TEMPLATE, RUN_CONFIG, "loss.png")
@@ -35,6 +36,7 @@ class FinetuneResult:
     history: list
     output_dir: Path
     data_stats: object
+    rank: int = 0  # of an MPI run: rank 0 wrote output_dir
 
 
 def check_output_dir(cfg):
@@ -127,6 +129,7 @@ def _finetune(cfg, progress, world):
     if world.size > 1:  # then a dropout stream of its own per rank
         device.seed(int(np.random.SeedSequence([cfg.train.seed, world.rank]).generate_state(1)[0]))
     train_ex, valid_ex, stats = build_datasets(cfg.data, model.tokenizer, cfg.train.seed)
+    _check_same_files(world, model, train_ex, valid_ex)
     if main:
         clear_output_dir(out, replaced)
         _warn_past_context(cfg.model, model.config.max_position_embeddings, train_ex, valid_ex)
@@ -139,7 +142,19 @@ def _finetune(cfg, progress, world):
                     model.tokenizer.pad_token_id, progress, cfg, world)
     if main:
         _save_final(model, out)
-    return FinetuneResult(model, history, out, stats)
+    return FinetuneResult(model, history, out, stats, world.rank)
+
+
+def _check_same_files(world, model, train_ex, valid_ex):
+    """Each rank reads the model and the data on its own machine: the same config may find other
+    files there. ConfigError on every rank unless the ranks read the same."""
+    if world.size == 1:
+        return
+    base = {k: model.base_identity[k] for k in ("size", "sample_sha256")}
+    hint = "each rank reads {} on its own machine: give every rank the same files"
+    world.check_same("base models", base, hint.format("the model"))
+    world.check_same("training data", [data_digest(train_ex), data_digest(valid_ex or [])],
+                     hint.format("data.train and data.valid"))
 
 
 def _started_from(model, adapter, keep_template):
