@@ -146,7 +146,7 @@ def test_cli_finetune_refuses_a_run_that_cannot_fit(tiny, tmp_path, monkeypatch,
     monkeypatch.setattr(fit, "available_ram", lambda: 1 << 20)  # 1 MiB left
     ran = []
     monkeypatch.setattr(cli, "finetune", lambda *a, **k: ran.append(a) or SimpleNamespace(
-        history=[], output_dir=tmp_path / "run"))
+        history=[], output_dir=tmp_path / "run", rank=0))
     assert main(["finetune", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("packlora: error: this run plans ") and err.count("\n") == 1
