@@ -12,7 +12,7 @@ from .adapters.deltas import BASES
 from .config import resolve_config
 from .device import Device
 from .errors import PackloraError
-from .evaluate import exact_match, read_chat_records
+from .evaluate import exact_match, read_eval_records
 from .export import export_model
 from .generate import generate
 from .gguf_out.adapter import OUTTYPES, export_gguf_adapter
@@ -70,10 +70,10 @@ def _cmd_generate(a):
 
 
 def _cmd_eval(a):
-    records = read_chat_records(a.data)  # the data's errors before a model loads
+    records = read_eval_records(a.data)  # the data's errors before a model loads
     model = _load(a)
-    show = (lambda got, want, ok: print(("OK  " if ok else "BAD ") + got, flush=True)) \
-        if a.verbose else None
+    show = (lambda got, want, ok: print(f"OK  {got}" if ok else f"BAD {got!r}, expected "
+                                        f"{want!r}", flush=True)) if a.verbose else None
     print(json.dumps(exact_match(model, records, a.max_new_tokens, a.limit, show)))
 
 
@@ -161,8 +161,9 @@ def _generate_args(p):
 def _eval_args(p):
     _model_args(p)
     p.add_argument("--data", required=True,
-                   help="a chat JSONL file; each record's last assistant message is the answer "
-                        "expected from the messages before it")
+                   help="a JSONL file of chat, alpaca or completion records; each chat "
+                        "record's last assistant message is the answer expected from the "
+                        "messages before it, each completion the answer to its prompt")
     p.add_argument("--max-new-tokens", type=int, default=64, help=_MAX_NEW_HELP)
     p.add_argument("--limit", type=int, default=None, help="score the first N records only")
     p.add_argument("--verbose", action="store_true", help="print every answer, OK or BAD")
@@ -220,7 +221,7 @@ _COMMANDS = (
     ("memory-report", "plan (and measure) the memory of a run", _memory_report_args,
      _cmd_memory_report),
     ("generate", "generate text", _generate_args, _cmd_generate),
-    ("eval", "held-out exact match on a chat JSONL file", _eval_args, _cmd_eval),
+    ("eval", "held-out exact match on a JSONL file of prompts and answers", _eval_args, _cmd_eval),
     ("merge", "merge an adapter into the base: an HF folder, or one GGUF file", _merge_args,
      _cmd_merge),
     ("export-gguf", "write a LoRA adapter as a llama.cpp adapter GGUF (--lora)",

@@ -1,20 +1,24 @@
-"""Held-out exact match: generate each chat record's last assistant turn and compare exactly."""
+"""Held-out exact match: generate each record's answer from its prompt and compare exactly."""
 from .data.formats import detect_format, normalize
 from .data.jsonl import read_jsonl
 from .errors import DataError, check_count
 from .generate import generate_batch
 
 
-def read_chat_records(path):
-    """[(prompt messages, expected answer)] of a JSONL file of chat (or alpaca) records, checked
-    as training checks them: the last message is the answer, the ones before it the prompt."""
+def read_eval_records(path):
+    """[(prompt, expected answer)] of a JSONL file, checked as training checks it: a chat (or
+    alpaca) record's last message is the answer and the messages before it the prompt; a
+    completion record's prompt is plain text, generated from as it is trained (no template)."""
     out = []
     for where, record in read_jsonl(path):
         fmt = detect_format(record, where)
         kind, *fields = normalize(record, fmt, where)
+        if kind == "completion":
+            out.append((fields[0], fields[1]))
+            continue
         if kind != "chat":
-            raise DataError(f"{where}: eval scores chat or alpaca records (the last message is "
-                            f"the answer); this one is a {fmt!r} record")
+            raise DataError(f"{where}: eval scores chat, alpaca or completion records (a prompt "
+                            f"and its answer); this one is a {fmt!r} record")
         messages = fields[0]
         if messages[-1]["role"] != "assistant":
             raise DataError(f"{where}: the last message must be the assistant's answer")
@@ -25,7 +29,7 @@ def read_chat_records(path):
 
 
 def exact_match(model, records, max_new_tokens=64, limit=None, on_item=None, batch_size=32):
-    """Fraction of `records` (read_chat_records') whose greedy answer equals the expected one
+    """Fraction of `records` (read_eval_records') whose greedy answer equals the expected one
     (after strip). Prompts are generated in left-padded batches, with float32 activations:
     8-bit ones apply to batches of one or two prompts only (kernels/activations.py), and a
     record's answer must not depend on the batch it falls in."""

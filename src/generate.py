@@ -3,6 +3,7 @@ import numpy as np
 
 from . import kernels
 from .autodiff import without_autodiff
+from .data.tokenize import prompt_ids
 from .errors import ConfigError, ModelError, check_count
 from .models.llama import KVCache
 
@@ -15,7 +16,7 @@ def _prompt_ids(tok, prompt):
     if not isinstance(prompt, str):
         raise TypeError(f"a prompt is a string or a list of {{'role', 'content'}} messages, "
                         f"got {type(prompt).__name__}")
-    return tok.encode(prompt, add_special_tokens=True)
+    return prompt_ids(tok, prompt)  # as a completion record's prompt is trained
 
 
 def _check_not_empty(id_lists):

@@ -14,6 +14,7 @@ from packlora.memory import fit
 from packlora.cli import main
 from packlora.config import load_config
 from packlora.errors import ConfigError, ModelError
+from packlora.generate import _prompt_ids as generate_prompt_ids
 from packlora.generate import generate, generate_batch, generate_ids
 from packlora.models import load_model
 from packlora.training import run
@@ -213,6 +214,36 @@ def test_cli_eval(tiny, capsys):
                  "--limit", "2", "--max-new-tokens", "2"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["total"] == 2 and 0.0 <= res["exact_match"] <= 1.0
+
+
+def test_cli_eval_of_completion_records(tiny, tmp_path, capsys):
+    """Completion records (a plain prompt, its answer) were refused; they are scored as they
+    are trained: the prompt without a chat template. --verbose shows what a wrong answer was
+    against what was expected."""
+    model = load_model(tiny / "model")  # packed as eval packs it
+    got = generate_batch(model, ["1+2"], max_new_tokens=3, int8_activations=False)[0]
+    data = tmp_path / "c.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "1+2", "completion": c}) + "\n"
+                            for c in (got, "nope")))
+    assert main(["eval", "--model", str(tiny / "model"), "--data", str(data), "--verbose",
+                 "--max-new-tokens", "3"]) == 0
+    *shown, res = capsys.readouterr().out.splitlines()
+    assert json.loads(res) == {"exact_match": 0.5, "correct": 1, "total": 2}
+    assert shown == [f"OK  {got}", f"BAD {got!r}, expected 'nope'"]
+
+
+def test_a_plain_prompt_does_not_end_with_eos(tiny, tmp_path):
+    """A tokenizer whose add_eos_token is true put EOS after a plain prompt, and generation
+    went on from a finished sequence; it starts as a completion record's prompt is trained."""
+    folder = tmp_path / "adds_eos"
+    folder.mkdir()
+    for f in (tiny / "model").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(cfg, add_eos_token=True)))
+    tok = load_model(folder, quant="none").tokenizer
+    assert tok.encode("1+2", add_special_tokens=True)[-1] == tok.eos_token_id
+    assert generate_prompt_ids(tok, "1+2") == tok.encode("1+2")
 
 
 def test_cli_inspect(tiny, capsys):
@@ -418,9 +449,9 @@ def test_cli_adapter_gguf_and_files_are_named(tiny, tmp_path, monkeypatch, capsy
      ":1: messages[0].content must be a string, got list"),
     (b'{"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "5"}]}',
      ":1: messages[0].role must be one of"),
-    (b'{"prompt": "2+2=", "completion": "4"}', ":1: eval scores chat or alpaca records"),
+    (b'{"text": "2+2=4"}', ":1: eval scores chat, alpaca or completion records"),
     (None, ": a folder, not a JSONL file"),
-], ids=["utf8", "strings", "no-content", "int", "list", "role", "completion", "folder"])
+], ids=["utf8", "strings", "no-content", "int", "list", "role", "text", "folder"])
 def test_cli_eval_bad_records_are_one_line(tiny, tmp_path, line, words, capsys):
     """Each was an internal error ("this is a bug") after the model had loaded."""
     data = tmp_path / "test.jsonl"

@@ -5,6 +5,17 @@ from ..errors import DataError
 from .example import Example, from_token_mask
 
 
+def prompt_ids(tokenizer, text: str) -> list:
+    """The ids a plain-text prompt starts a sequence with: BOS where the tokenizer's
+    add_bos_token says so, and no EOS (a tokenizer whose add_eos_token is true puts one there,
+    but the answer follows)."""
+    ids = list(tokenizer.encode(text, add_special_tokens=True))
+    eos = tokenizer.eos_token_id
+    if getattr(tokenizer, "add_eos_token", False) and eos is not None and ids[-1:] == [eos]:
+        ids = ids[:-1]
+    return ids
+
+
 def tokens_and_mask(item: tuple, tokenizer, train_on_inputs: bool,
                     where: str = "") -> tuple[list, list]:
     """(ids, in_loss) for a normalized record; prompts are masked unless train_on_inputs. Text
@@ -19,9 +30,7 @@ def tokens_and_mask(item: tuple, tokenizer, train_on_inputs: bool,
         ids += [] if adds_eos else eos
         return ids, [True] * len(ids)
     if kind == "completion":
-        prompt = list(tokenizer.encode(item[1], add_special_tokens=True))
-        if adds_eos and eos and prompt[-1:] == eos:
-            prompt = prompt[:-1]  # the sequence ends after the answer, not the prompt
+        prompt = prompt_ids(tokenizer, item[1])
         answer = list(tokenizer.encode(item[2], add_special_tokens=False)) + eos
         return prompt + answer, [train_on_inputs] * len(prompt) + [True] * len(answer)
     ids, is_response = tokenizer.chat_token_masks(item[1])
