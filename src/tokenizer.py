@@ -62,7 +62,9 @@ class Tokenizer:
         except Exception as e:  # noqa: BLE001 - any failure means a bad file
             raise ModelError(f"{path}: cannot read the tokenizer: {e}") from None
         cfg = tokenizer_config or {}
-        bos, eos, pad = (_token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token"))
+        cfg_path = path.with_name("tokenizer_config.json")
+        bos, eos, pad = (_token_text(cfg.get(k), k, cfg_path)
+                         for k in ("bos_token", "eos_token", "pad_token"))
         add_bos = cfg.get("add_bos_token")
         if add_bos is None:  # decided by the tokenizer.json post-processor
             bos_id = backend.token_to_id(bos) if bos else None
@@ -70,7 +72,7 @@ class Tokenizer:
             add_bos = bos_id is not None and bool(ids) and ids[0] == bos_id
         return cls(backend, bos_token=bos, eos_token=eos, pad_token=pad, add_bos_token=add_bos,
                    add_eos_token=bool(cfg.get("add_eos_token", False)),
-                   chat_template=chat_template_text(cfg.get("chat_template"), path),
+                   chat_template=chat_template_text(cfg.get("chat_template"), cfg_path),
                    source=str(path), template_source=template_source)
 
     @classmethod
@@ -128,10 +130,14 @@ class Tokenizer:
         self._compiled = None
         self.eos_token_ids |= self._template_end_ids()
 
-    def add_eos_ids(self, ids) -> None:
-        """Add stop ids (e.g. from generation_config.json)."""
-        ids = [ids] if isinstance(ids, int) else list(ids or [])
-        self.eos_token_ids |= {int(i) for i in ids}
+    def add_eos_ids(self, ids, source="generation_config.json") -> None:
+        """Add stop ids (e.g. generation_config.json's eos_token_id: an id or a list of them)."""
+        ids = [ids] if not isinstance(ids, list) else ids
+        ids = [i for i in ids if i is not None]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise ModelError(f"{source}: eos_token_id must be a token id or a list of them, "
+                             f"got {ids!r}")
+        self.eos_token_ids |= set(ids)
 
     @property
     def bos_token(self) -> str:
@@ -228,10 +234,12 @@ class Tokenizer:
         return {i for i in ids if i is not None}
 
 
-def _token_text(value) -> str | None:
-    if isinstance(value, dict):
-        return value.get("content")
-    return value
+def _token_text(value, key, path) -> str | None:
+    """A special token of tokenizer_config.json: its text, or an AddedToken dict's content."""
+    text = value.get("content") if isinstance(value, dict) else value
+    if text is not None and not isinstance(text, str):
+        raise ModelError(f"{path}: {key} must be the token's text, got {value!r}")
+    return text
 
 
 def read_chat_template(path, key: str | None = None, error=ModelError) -> str:
@@ -249,13 +257,16 @@ def read_chat_template(path, key: str | None = None, error=ModelError) -> str:
 
 
 def chat_template_text(value, path) -> str | None:
-    """tokenizer_config's chat_template may be a string or a list of named templates."""
+    """tokenizer_config's chat_template may be a string or a list of named templates, of which
+    the one named "default" is used (as transformers uses it)."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, list):
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-        if "default" in named:
+        if isinstance(named.get("default"), str):
             return named["default"]
+        raise ModelError(f"{path}: chat_template lists named templates but none named "
+                         f"'default' (names: {', '.join(map(str, named)) or 'none'})")
     raise ModelError(f"{path}: chat_template has an unsupported form ({type(value).__name__})")
 
 

@@ -7,6 +7,7 @@ import model_factory as mf
 import numpy as np
 import pytest
 from packlora.errors import ModelError
+from packlora.models import load_tokenizer
 from packlora.models import resolve as resolve_mod
 from packlora.models.config import ModelConfig, rope_frequencies
 from packlora.models.files import HFFolder
@@ -298,6 +299,29 @@ def test_hf_folder_errors(tmp_path):
     (folder / "model.safetensors").write_bytes(blob[:6])
     with pytest.raises(ModelError, match="model.safetensors: truncated"):
         HFFolder(folder)
+
+
+@pytest.mark.parametrize("name, change, problem", [
+    ("tokenizer_config.json", {"eos_token": 5}, "eos_token must be the token's text, got 5"),
+    ("tokenizer_config.json", {"bos_token": ["<s>"]}, r"bos_token must be the token's text"),
+    ("tokenizer_config.json", {"chat_template": [{"name": "tool_use", "template": "x"}]},
+     "chat_template lists named templates but none named 'default' \\(names: tool_use\\)"),
+    ("tokenizer_config.json", [1, 2], "expected a JSON object, got list"),
+    ("generation_config.json", {"eos_token_id": "x"},
+     r"eos_token_id must be a token id or a list of them, got \['x'\]"),
+    ("config.json", [], "expected a JSON object, got list"),
+])
+def test_tokenizer_and_config_files_of_the_wrong_shape_are_named(tmp_path, name, change,
+                                                                 problem):
+    """Each was an internal TypeError or AttributeError, or (a list of named templates without
+    a default) an error naming tokenizer.json."""
+    folder = mf.tiny_chat_model(tmp_path / "m")
+    path = folder / name
+    if isinstance(change, dict):
+        change = {**(json.loads(path.read_text()) if path.is_file() else {}), **change}
+    path.write_text(json.dumps(change))
+    with pytest.raises(ModelError, match=f"^{path}: {problem}"):
+        load_tokenizer(folder) if name != "config.json" else HFFolder(folder)
 
 
 def test_resolve_source(tmp_path, monkeypatch):

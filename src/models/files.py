@@ -25,9 +25,12 @@ def read_json(path: Path) -> dict:
     if not path.is_file():
         raise ModelError(f"{path}: file not found")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelError(f"{path}: invalid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ModelError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def read_safetensors_header(path: Path) -> tuple[dict, int]:
@@ -103,7 +106,7 @@ class HFFolder:
                                   str(jinja) if from_jinja else None)
         gen_path = self.path / "generation_config.json"
         if gen_path.is_file():
-            tok.add_eos_ids(read_json(gen_path).get("eos_token_id"))
+            tok.add_eos_ids(read_json(gen_path).get("eos_token_id"), str(gen_path))
         return tok
 
     def _find_shards(self) -> dict[str, Path]:
