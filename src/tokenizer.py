@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from datetime import datetime
 from pathlib import Path
 
@@ -36,14 +37,14 @@ class Tokenizer:
         self.add_eos_token = bool(add_eos_token)
         self.chat_template = chat_template
         self.has_chat_template = chat_template is not None
-        self.bos_token_id = self._id_or_none(bos_token)
-        self.eos_token_id = self._id_or_none(eos_token)
+        self.bos_token_id = self._id_or_none(bos_token, "bos_token")
+        self.eos_token_id = self._id_or_none(eos_token, "eos_token")
         if self.eos_token_id is None:
             self.eos_token_id = next((self.token_to_id(t) for t in END_OF_TURN_TOKENS
                                       if self.token_to_id(t) is not None), None)
         if self.eos_token_id is None:
             raise ModelError(f"{source}: the tokenizer has no end-of-sequence token")
-        pad = self._id_or_none(pad_token)
+        pad = self._id_or_none(pad_token, "pad_token")
         self.pad_token_id = self.eos_token_id if pad is None else pad
         self.eos_token_ids = {self.eos_token_id} | self._template_end_ids()
         self._compiled = None
@@ -225,8 +226,16 @@ class Tokenizer:
         return self._compiled
 
     # ---- helpers ------------------------------------------------------------------------
-    def _id_or_none(self, token: str | None) -> int | None:
-        return None if token is None else self.token_to_id(token)
+    def _id_or_none(self, token: str | None, key: str) -> int | None:
+        """The id of the special token `key` names; one the vocabulary lacks is left out with a
+        warning (transformers would add it as a token the model has no row for)."""
+        if token is None:
+            return None
+        found = self.token_to_id(token)
+        if found is None:
+            warnings.warn(f"{self.source}: the {key} its configuration names, {token!r}, is not "
+                          "in the vocabulary; left out", stacklevel=3)
+        return found
 
     def _template_end_ids(self) -> set[int]:
         template = self.chat_template or DEFAULT_CHAT_TEMPLATE

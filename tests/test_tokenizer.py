@@ -107,6 +107,20 @@ def test_hf_tokenizer_config(tmp_path):
         tok.apply_chat_template(["What is the capital of France?"])  # was: the template failed
 
 
+def test_a_special_token_missing_from_the_vocabulary_is_said(tmp_path):
+    """An eos_token the vocabulary lacks was replaced by ChatML's end token, and a missing
+    bos_token left BOS out, both without a word."""
+    with pytest.warns(UserWarning, match="the eos_token its configuration names, '<eos>', is "
+                                         "not in the vocabulary; left out"):
+        tok = _tiny_hf_tokenizer(tmp_path, {"eos_token": "<eos>"})
+    assert tok.eos_token_id == tok.token_to_id("<|im_end|>")
+    with pytest.warns(UserWarning, match="the bos_token .* '<bos>', is not in the vocabulary"):
+        tok = _tiny_hf_tokenizer(tmp_path, {"bos_token": "<bos>", "eos_token": "</s>",
+                                            "add_bos_token": True})
+    assert tok.bos_token_id is None and tok.encode("a", add_special_tokens=True) == [tok.encode(
+        "a")[0]]
+
+
 def test_default_chatml_template_and_end_ids(tmp_path):
     tok = _tiny_hf_tokenizer(tmp_path, {"eos_token": "</s>"})
     assert not tok.has_chat_template and not tok.add_bos_token
