@@ -17,6 +17,7 @@ from .peft_io import (
     lora_config_from_peft,
     read_adapter,
     recorded_base,
+    settings_file,
     strip_key,
 )
 
@@ -37,7 +38,7 @@ class AdapterDeltas:
         weights = {strip_key(k).removesuffix(".weight"): v for k, v in tensors.items()}
         self.other = sorted(k for k in weights if not _is_lora_key(k))  # e.g. modules_to_save
         paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights if _is_lora_key(k)})
-        self.lora = lora_config_from_peft(self.config, paths)
+        self.lora = lora_config_from_peft(self.config, paths, settings_file(adapter_dir))
         self.modules = {}
         for p in paths:
             a, b = weights.get(f"{p}.lora_A"), weights.get(f"{p}.lora_B")

@@ -1,7 +1,7 @@
 """load_adapter: an adapter (PEFT folder or llama.cpp LoRA GGUF) into a model's LoRA layers."""
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from .inject import apply_lora
 from .lora import LoraLinear
 from .peft_io import (
@@ -9,7 +9,9 @@ from .peft_io import (
     check_base,
     lora_config_from_peft,
     lora_layers,
+    peft_terms,
     read_adapter,
+    settings_file,
     strip_key,
 )
 
@@ -26,7 +28,12 @@ def load_adapter(model, adapter_dir):
         weights[k] = value
     paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights})
     if not lora_layers(model):
-        apply_lora(model, lora_config_from_peft(cfg, paths))
+        source = settings_file(adapter_dir)
+        lora = lora_config_from_peft(cfg, paths, source)
+        try:
+            apply_lora(model, lora)
+        except ConfigError as e:  # its targets or layers name no module of this model
+            raise ModelError(f"{source}: {peft_terms(str(e))}") from None
     for path in paths:
         _assign(model, path, weights, adapter_dir)
     template = adapter_chat_template(adapter_dir)

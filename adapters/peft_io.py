@@ -8,7 +8,7 @@ import numpy as np
 from safetensors import safe_open
 
 from ..config_coerce import lora_config
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from ..fileio import load_safetensors, save_safetensors, write_json, write_text
 from ..lora_targets import layer_index
 from ..models.identity import base_mismatch, identity_metadata, recorded_identity
@@ -24,6 +24,9 @@ TEMPLATE = "chat_template.jinja"  # the chat template it was trained with (trans
 PREFIX = "base_model.model."
 PEFT_DEFAULT_RANK = 8  # peft.LoraConfig's defaults for a key its adapter_config.json omits
 PEFT_DEFAULT_ALPHA = 8
+# LoraConfig's field -> adapter_config.json's key, where the two differ
+_PEFT_KEYS = {"rank": "r", "alpha": "lora_alpha", "targets": "target_modules",
+              "layers": "layers_to_transform"}
 
 
 def lora_layers(model):
@@ -175,6 +178,12 @@ def read_adapter(adapter_dir, base_config=None):
     return cfg, tensors
 
 
+def settings_file(adapter_dir) -> str:
+    """Where an adapter's settings are read from: its adapter_config.json, or the GGUF."""
+    paths = check_adapter_path(adapter_dir)
+    return str(adapter_dir if paths is None else paths[0])
+
+
 def _read_peft(cfg_path, w_path):
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -231,19 +240,38 @@ def strip_key(key):
     return key.replace(".default.", ".")  # keys saved with an adapter name
 
 
-def lora_config_from_peft(cfg, paths):
+def lora_config_from_peft(cfg, paths, source=CONFIG):
     """The LoraConfig of a PEFT adapter_config dict whose weights adapt `paths`. PEFT's defaults
     fill what the file leaves out (r 8, lora_alpha 8); its pattern keys match whole module-name
-    suffixes, and the first that matches wins (lora_targets.pattern_value)."""
+    suffixes, and the first that matches wins (lora_targets.pattern_value). A value the file
+    cannot hold is a ModelError naming `source` and the file's own key."""
+    kind = cfg.get("peft_type", "LORA")
+    if kind != "LORA":
+        raise ModelError(f"{source}: peft_type {kind!r} is no LoRA adapter; packlora reads "
+                         "peft_type LORA (with DoRA and rsLoRA)")
     targets = cfg.get("target_modules") or sorted({p.rsplit(".", 1)[-1] for p in paths})
     layers = cfg.get("layers_to_transform")
-    return lora_config({
-        "rank": cfg.get("r", PEFT_DEFAULT_RANK), "alpha": cfg.get("lora_alpha", PEFT_DEFAULT_ALPHA),
-        "targets": targets, "layers": [layers] if isinstance(layers, int) else layers,
-        "rank_pattern": _anchored(cfg.get("rank_pattern")),
-        "alpha_pattern": _anchored(cfg.get("alpha_pattern")),
-        "use_rslora": cfg.get("use_rslora", False), "use_dora": cfg.get("use_dora", False),
-        "dropout": 0.0})
+    try:
+        lora = lora_config({
+            "rank": cfg.get("r", PEFT_DEFAULT_RANK),
+            "alpha": cfg.get("lora_alpha", PEFT_DEFAULT_ALPHA),
+            "targets": targets, "layers": [layers] if isinstance(layers, int) else layers,
+            "rank_pattern": cfg.get("rank_pattern") or {},
+            "alpha_pattern": cfg.get("alpha_pattern") or {},
+            "use_rslora": cfg.get("use_rslora", False), "use_dora": cfg.get("use_dora", False),
+            "dropout": 0.0})
+    except ConfigError as e:
+        raise ModelError(f"{source}: {peft_terms(str(e))}") from None
+    return lora.model_copy(update={"rank_pattern": _anchored(lora.rank_pattern),
+                                   "alpha_pattern": _anchored(lora.alpha_pattern)})
+
+
+def peft_terms(message: str) -> str:
+    """A LoraConfig error ("lora: alpha: ...", "lora.targets: ...") in the key names of
+    adapter_config.json ("lora_alpha: ...", "target_modules: ...")."""
+    field, sep, problem = message.removeprefix("lora: ").removeprefix("lora.").partition(": ")
+    name, dot, rest = field.partition(".")
+    return f"{_PEFT_KEYS.get(name, name)}{dot}{rest}{sep}{problem}"
 
 
 def _anchored(patterns):

@@ -8,7 +8,7 @@ import pytest
 from gradcheck import DEV
 from packlora import without_autodiff
 from packlora.adapters import LoraLinear, apply_lora, load_adapter, save_adapter
-from packlora.errors import ConfigError
+from packlora.errors import ConfigError, ModelError
 from packlora.memory import plan
 from packlora.models import load_model
 from packlora.models.sources import open_source
@@ -281,6 +281,27 @@ def test_load_adapter_layers_to_transform_as_int(hf_dir, tmp_path):
     cfg["layers_to_transform"] = 1  # PEFT allows a single int
     (tmp_path / "adapter_config.json").write_text(json.dumps(cfg))
     assert load_adapter(_model(hf_dir), tmp_path).lora_paths == ["model.layers.1.self_attn.k_proj"]
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"lora_alpha": -4}, "lora_alpha: must be greater than 0, got -4"),
+    ({"r": "x"}, "r: expected an integer"),
+    ({"rank_pattern": [1]}, r"rank_pattern: expected a mapping, got \[1\]"),
+    ({"alpha_pattern": {"k_proj": "x"}}, "alpha_pattern.k_proj: expected a number, got 'x'"),
+    ({"peft_type": "IA3"}, "peft_type 'IA3' is no LoRA adapter"),
+    ({"target_modules": "k_proj"}, "target_modules: 'k_proj' matched no linear module"),
+    ({"layers_to_transform": 7}, "layers_to_transform: the model has no layer 7"),
+])
+def test_adapter_config_values_are_named_by_the_file_s_keys(hf_dir, tmp_path, change, problem):
+    """adapter_config.json's values were checked as a YAML lora: section and named so
+    ("lora: alpha: ..."), a non-LoRA peft_type was read as LoRA, and rank_pattern [1] was an
+    internal AttributeError. (A string target_modules is a regex of the whole module name,
+    as in PEFT, so 'k_proj' alone matches none.)"""
+    save_adapter(apply_lora(_model(hf_dir), {"targets": ["k_proj"], "rank": 2}), tmp_path)
+    path = tmp_path / "adapter_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(ModelError, match=f"^{path}: {problem}"):
+        load_adapter(_model(hf_dir), tmp_path)
 
 
 def test_load_peft_style_keys(hf_dir, tmp_path):
