@@ -7,6 +7,7 @@ F32, F16, BF16 or Q8_0. llama.cpp scales each module by alpha / r (1 where alpha
 that module's own, which is PEFT's lora_alpha over r with a rank_pattern for other ranks. The
 rows of lora_b follow the base GGUF's Q/K order, put back in Hugging Face's here, which needs
 the base's head counts."""
+import math
 import re
 from collections import Counter
 
@@ -52,7 +53,17 @@ def read_gguf_lora(path, base_config):
             value = _hf_rows(module, value, f.architecture, base_config)
         tensors[f"{module}.{part}.weight"] = value
     ranks = _ranks(path, tensors)
-    return _peft_config(fields.get("adapter.lora.alpha", 0.0), ranks), tensors
+    return _peft_config(_alpha(path, fields), ranks), tensors
+
+
+def _alpha(path, fields):
+    """adapter.lora.alpha: 0 (or none) means a scale of 1, as llama.cpp takes it."""
+    alpha = fields.get("adapter.lora.alpha", 0.0)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
+            or not math.isfinite(alpha) or alpha < 0:
+        raise ModelError(f"{path}: adapter.lora.alpha must be a finite number >= 0 (0: a scale "
+                         f"of 1), got {alpha!r}")
+    return alpha
 
 
 def _module(path, name):

@@ -44,7 +44,10 @@ def _write(path, deltas, alpha, arch="llama", extra=(), kv=()):
     w = gguf.GGUFWriter(str(path), arch)
     w.add_string("general.type", "adapter")
     w.add_string("adapter.type", "lora")
-    w.add_float32("adapter.lora.alpha", alpha)
+    if isinstance(alpha, str):
+        w.add_string("adapter.lora.alpha", alpha)
+    else:
+        w.add_float32("adapter.lora.alpha", alpha)
     for key, value in kv:
         w.add_array(key, value)
     for module, (a, b) in deltas.items():
@@ -110,6 +113,10 @@ def test_what_cannot_be_read_is_one_clear_error(base, tmp_path):
                 kv=[("adapter.alora.invocation_tokens", [5, 6])]), "an activated LoRA"),
         (_write(tmp_path / "qwen.gguf", deltas, 8.0, arch="qwen2"),  # its Q/K rows: HF order
          "an adapter for a 'qwen2' model, and the base is 'llama' \\('llama' in GGUF\\)"),
+        (_write(tmp_path / "text.gguf", deltas, "8"),  # was an internal ValueError
+         "text.gguf: adapter.lora.alpha must be a finite number >= 0 .*, got '8'"),
+        (_write(tmp_path / "minus.gguf", deltas, -8.0),  # was named "lora_alpha"
+         "minus.gguf: adapter.lora.alpha must be a finite number >= 0 .*, got -8.0"),
     ]
     for path, words in cases:
         with pytest.raises(ModelError, match=words):
