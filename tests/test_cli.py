@@ -76,6 +76,23 @@ output_dir: {out}
         err = capsys.readouterr().err
         assert err.startswith(f"packlora: error: output_dir: {tmp_path / 'notes.txt'} is a file")
     assert (tmp_path / "notes.txt").read_text() == "mine"
+    # a folder of no run, e.g. the base model's own: the run wrote its files among the model's
+    # (and over a chat_template.jinja there); overwrite=true deleted that template
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in (tiny / "model").iterdir():
+        (model / f.name).write_bytes(f.read_bytes())
+    (model / "chat_template.jinja").write_text("{{ messages }}")
+    for extra in ([], ["overwrite=true"]):
+        assert main(["finetune", str(cfg), f"output_dir={model}", *extra]) == 2
+        assert capsys.readouterr().err == (
+            f"packlora: error: output_dir: {model} holds files of no packlora run "
+            "(chat_template.jinja, config.json, model.safetensors, tokenizer.json, ...); give a "
+            "new or empty folder\n")
+    assert sorted(p.name for p in model.iterdir()) == sorted(
+        ["chat_template.jinja", *(p.name for p in (tiny / "model").iterdir())])
+    (tmp_path / "kept" / ".git").mkdir(parents=True)  # hidden files are no one's run
+    assert main(["finetune", str(cfg), f"output_dir={tmp_path / 'kept'}", "--quiet"]) == 0
 
 
 @pytest.mark.parametrize("save_every", [2, 0])

@@ -28,6 +28,7 @@ from .fingerprint import data_digest
 from .trainer import RUN_CONFIG, train
 
 _RUN_FILES = ("metrics.jsonl", "checkpoints", WEIGHTS, CONFIG, TEMPLATE, RUN_CONFIG, "loss.png")
+_RUN_MARKS = ("metrics.jsonl", "checkpoints", RUN_CONFIG)  # written by a run alone, first
 
 
 @dataclass
@@ -52,6 +53,7 @@ def check_output_dir(cfg):
     if cfg.resume not in (None, "auto") and (why := named_checkpoint_problem(cfg.resume)):
         raise ConfigError(f"resume: {cfg.resume}: {why}")  # before the model loads
     existing = [n for n in _RUN_FILES if (out / n).exists()]
+    _check_no_other_files(out, existing)
     if not existing or _continues(cfg.resume, out):
         return []
     if not cfg.overwrite:
@@ -60,6 +62,18 @@ def check_output_dir(cfg):
                           f"{elsewhere}; set resume: auto to continue it, or overwrite: true "
                           "to replace it")
     return existing
+
+
+def _check_no_other_files(out, existing):
+    """A folder of no run (a model's, a PEFT adapter's, any with files in it) is no output_dir:
+    a run would mix its files in, and write over a chat_template.jinja or adapter there."""
+    if any(n in existing for n in _RUN_MARKS) or not out.is_dir():
+        return
+    other = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    if other:
+        shown = ", ".join(other[:4]) + (", ..." if len(other) > 4 else "")
+        raise ConfigError(f"output_dir: {out} holds files of no packlora run ({shown}); give a "
+                          "new or empty folder")
 
 
 def _continues(resume, out):
