@@ -4,14 +4,17 @@ import numpy as np
 from . import kernels
 from .autodiff import without_autodiff
 from .data.tokenize import prompt_ids
-from .errors import ConfigError, ModelError, check_count
+from .errors import ConfigError, DataError, ModelError, check_count
 from .models.llama import KVCache
 
 
-def _prompt_ids(tok, prompt):
+def _prompt_ids(tok, prompt, index=0):
     """A prompt's ids: a string as text, a list of {"role", "content"} dicts as a chat."""
     if isinstance(prompt, (list, tuple)):
-        text = tok.apply_chat_template(list(prompt), add_generation_prompt=True)
+        try:
+            text = tok.apply_chat_template(list(prompt), add_generation_prompt=True)
+        except DataError as e:  # the template refused it (raise_exception, a bad message)
+            raise DataError(f"generation: prompt {index}: {e}") from None
         return tok.encode(text, add_special_tokens=False)
     if not isinstance(prompt, str):
         raise TypeError(f"a prompt is a string or a list of {{'role', 'content'}} messages, "
@@ -159,7 +162,7 @@ def generate_batch(model, prompts, max_new_tokens=128, temperature=0.0, top_p=1.
         raise TypeError("generate_batch takes a list of prompts (strings or chats); "
                         "generate() takes one")
     stop = [stop] if isinstance(stop, str) else list(stop or ())
-    ids = [_prompt_ids(tok, p) for p in prompts]
+    ids = [_prompt_ids(tok, p, i) for i, p in enumerate(prompts)]
     _check_not_empty(ids)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     texts = [None] * len(ids)

@@ -6,7 +6,7 @@ import json
 import model_factory as mf
 import pytest
 from gguf import GGUFReader
-from packlora import load_adapter, load_model, load_tokenizer, merge
+from packlora import generate_batch, load_adapter, load_model, load_tokenizer, merge
 from packlora.adapters.peft_io import TEMPLATE
 from packlora.data.dataset import use_chat_template
 from packlora.errors import DataError, ModelError
@@ -111,3 +111,30 @@ def test_data_chat_template_long_inline_or_a_bad_file(run, tmp_path):
         tok.apply_chat_template(CHAT)
     with pytest.raises(DataError, match="data.chat_template: chat-ml: cannot read it"):
         use_chat_template(tok, "chat-ml")  # no jinja tag: a path, and this one is missing
+
+
+ALTERNATE = ("{% for m in messages %}{% if (m['role'] == 'user') != loop.index0 is even %}"
+             "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+             "### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+             "{% if add_generation_prompt %}### assistant:{% endif %}")
+
+
+def test_a_record_the_template_refuses_is_named(run, tmp_path):
+    """A template's raise_exception (roles that do not alternate, in many models' templates)
+    named the template only, not the record or the prompt that set it off."""
+    base, _ = run
+    data = tmp_path / "d.jsonl"
+    rows = [[("user", "1+2"), ("assistant", "3")], [("assistant", "1+2"), ("assistant", "3")]]
+    data.write_text("".join(json.dumps({"messages": [{"role": r, "content": c} for r, c in row]})
+                            + "\n" for row in rows))
+    with pytest.raises(DataError, match=r"^.*d\.jsonl:2: data\.chat_template: chat template "
+                                        "failed: Conversation roles must alternate"):
+        finetune({"model": str(base), "lora": {"rank": 2, "targets": ["q_proj"]},
+                  "data": {"train": str(data), "chat_template": ALTERNATE},
+                  "output_dir": str(tmp_path / "out")}, progress=False)
+    assert not (tmp_path / "out").exists()
+    model = load_model(base, quant="q8_0")
+    use_chat_template(model.tokenizer, ALTERNATE)
+    with pytest.raises(DataError, match="^generation: prompt 1: data.chat_template: chat "
+                                        "template failed: Conversation roles must alternate"):
+        generate_batch(model, [CHAT, [{"role": "assistant", "content": "1+2"}]])

@@ -33,7 +33,10 @@ def tokens_and_mask(item: tuple, tokenizer, train_on_inputs: bool,
         prompt = prompt_ids(tokenizer, item[1])
         answer = list(tokenizer.encode(item[2], add_special_tokens=False)) + eos
         return prompt + answer, [train_on_inputs] * len(prompt) + [True] * len(answer)
-    ids, is_response = tokenizer.chat_token_masks(item[1])
+    try:
+        ids, is_response = tokenizer.chat_token_masks(item[1])
+    except DataError as e:  # the template refused this record (raise_exception, a bad key)
+        raise DataError(f"{where}: {e}" if where else str(e)) from None
     ids, is_response = list(ids), [bool(r) for r in is_response]
     if len(ids) != len(is_response):
         raise DataError(f"{where}: the tokenizer returned {len(ids)} ids but "
