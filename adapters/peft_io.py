@@ -14,13 +14,11 @@ from ..lora_targets import layer_index
 from ..models.identity import base_mismatch, identity_metadata, recorded_identity
 from ..nn import Linear, PackedLinear
 from ..quant import REGISTRY
-from ..run_layout import step_dirs
+from ..run_layout import CONFIG, TEMPLATE, WEIGHTS, step_dirs
 from ..tokenizer import chat_template_text, read_chat_template
 from .gguf_lora import is_adapter_gguf, read_gguf_lora
 from .lora import LoraLinear
 
-WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
-TEMPLATE = "chat_template.jinja"  # the chat template it was trained with (transformers' name)
 PREFIX = "base_model.model."
 PEFT_DEFAULT_RANK = 8  # peft.LoraConfig's defaults for a key its adapter_config.json omits
 PEFT_DEFAULT_ALPHA = 8

@@ -1,7 +1,10 @@
-"""Where a fine-tuning run keeps its checkpoints: output_dir/checkpoints/step-N/."""
+"""Where a fine-tuning run keeps its files: an adapter folder's (PEFT's names), and its
+checkpoints in output_dir/checkpoints/step-N/."""
 import re
 from pathlib import Path
 
+WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
+TEMPLATE = "chat_template.jinja"  # the chat template it was trained with (transformers' name)
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 

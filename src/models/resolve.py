@@ -5,6 +5,8 @@ import importlib.util
 from pathlib import Path
 
 from ..errors import ModelError
+from ..run_layout import CONFIG as ADAPTER_CONFIG
+from ..run_layout import checkpoint_root
 
 # name -> (pip package, import name, file inside the package)
 KNOWN_MODELS = {
@@ -17,6 +19,10 @@ def resolve_source(name_or_path) -> Path:
     """An existing folder or .gguf file as is, or a known model name -> its file."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file() and (
+                (path / ADAPTER_CONFIG).is_file() or checkpoint_root(path).is_dir()):
+            raise ModelError(f"{path}: an adapter (or a run's folder), not a model; give the base "
+                             "model as the model and this folder as the adapter")
         return path
     if path.is_file():
         if path.suffix.lower() != ".gguf":
