@@ -46,7 +46,7 @@ class Tokenizer:
             raise ModelError(f"{source}: the tokenizer has no end-of-sequence token")
         pad = self._id_or_none(pad_token, "pad_token")
         self.pad_token_id = self.eos_token_id if pad is None else pad
-        self.eos_token_ids = {self.eos_token_id} | self._template_end_ids()
+        self._stop_ids = set()  # generation_config.json's
         self._compiled = None
 
     # ---- construction -------------------------------------------------------------------
@@ -129,7 +129,12 @@ class Tokenizer:
         self.template_source = source or self.source
         self.has_chat_template = True
         self._compiled = None
-        self.eos_token_ids |= self._template_end_ids()
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """The ids generation stops at: EOS, the end-of-turn tokens the current chat template
+        writes, and those generation_config.json names."""
+        return {self.eos_token_id} | self._template_end_ids() | self._stop_ids
 
     def add_eos_ids(self, ids, source="generation_config.json") -> None:
         """Add stop ids (e.g. generation_config.json's eos_token_id: an id or a list of them)."""
@@ -138,7 +143,7 @@ class Tokenizer:
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             raise ModelError(f"{source}: eos_token_id must be a token id or a list of them, "
                              f"got {ids!r}")
-        self.eos_token_ids |= set(ids)
+        self._stop_ids |= set(ids)
 
     @property
     def bos_token(self) -> str:

@@ -129,6 +129,13 @@ def test_default_chatml_template_and_end_ids(tmp_path):
     assert tok.apply_chat_template(msgs) == want
     assert tok.eos_token_ids == {1, 3}  # </s> and the <|im_end|> the ChatML template uses
     assert "<|im_end|>" in DEFAULT_CHAT_TEMPLATE
+    # a template of its own (data.chat_template, an adapter's): ChatML's <|im_end|> was kept as
+    # a stop id, though the template never writes it
+    tok.set_chat_template("{% for m in messages %}{{ m['content'] }}</s>{% endfor %}")
+    assert tok.eos_token_ids == {1}
+    tok.add_eos_ids([2])  # as generation_config.json adds them
+    tok.set_chat_template(DEFAULT_CHAT_TEMPLATE)
+    assert tok.eos_token_ids == {1, 2, 3}
 
 
 def test_template_errors_and_globals(tmp_path):
