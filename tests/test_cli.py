@@ -153,6 +153,10 @@ def test_a_rank_pattern_that_adapts_nothing_is_named(tiny, tmp_path, capsys):
                                        "none of the adapted modules (q_proj, v_proj, in "
                                        "lora.layers where set)\n")
     assert not (tmp_path / "run").exists()
+    assert main(["memory-report", str(cfg)]) == 2  # planned every module at lora.rank
+    assert "'q_prj' is found in none of the adapted modules" in capsys.readouterr().err
+    assert main(["finetune", str(cfg), "--quiet", "--no-memory-check"]) == 2  # API's own check
+    assert "'q_prj' is found in none of the adapted modules" in capsys.readouterr().err
 
 
 def test_cli_finetune_refuses_a_run_that_cannot_fit(tiny, tmp_path, monkeypatch, capsys):

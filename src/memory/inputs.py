@@ -7,7 +7,7 @@ from pathlib import Path
 from ..config import RunConfig, load_config, parse_config
 from ..device import DEFAULT_SCRATCH_CAP
 from ..errors import ModelError
-from ..lora_targets import targets_for
+from ..lora_targets import check_patterns, targets_for
 from ..models.config import ModelConfig
 from ..models.sources import read_header
 from ..models.tensors import EMBEDDING_WEIGHTS, held_formats, model_tensors, quant_record
@@ -118,6 +118,7 @@ def plan_inputs(config, overrides=(), model=None, batch_size=None, seq_len=None,
                          "config.json | config.json | dict>)") from None
     linears, others = base_tensors(config, stored, run.quant)
     adapters = adapters_for(linears, others, run.lora)
+    check_patterns(run.lora, list(adapters))  # a mistyped key would be planned at lora.rank
     tr = run.train
     batch, ranks = int(batch_size or tr.batch_size), int(ranks)
     check_global_batch(batch, ranks)
