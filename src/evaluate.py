@@ -13,16 +13,16 @@ def read_eval_records(path):
     for where, record in read_jsonl(path):
         fmt = detect_format(record, where)
         kind, *fields = normalize(record, fmt, where)
-        if kind == "completion":
-            out.append((fields[0], fields[1]))
-            continue
-        if kind != "chat":
+        if kind == "text":
             raise DataError(f"{where}: eval scores chat, alpaca or completion records (a prompt "
                             f"and its answer); this one is a {fmt!r} record")
-        messages = fields[0]
-        if messages[-1]["role"] != "assistant":
+        if kind == "chat" and fields[0][-1]["role"] != "assistant":
             raise DataError(f"{where}: the last message must be the assistant's answer")
-        out.append((messages[:-1], messages[-1]["content"]))
+        prompt, answer = (fields[0][:-1], fields[0][-1]["content"]) if kind == "chat" else fields
+        if not prompt:
+            raise DataError(f"{where}: nothing comes before the answer; eval scores the answer "
+                            "to a prompt")
+        out.append((prompt, answer))
     if not out:
         raise DataError(f"{path}: no records")
     return out

@@ -471,8 +471,12 @@ def test_cli_adapter_gguf_and_files_are_named(tiny, tmp_path, monkeypatch, capsy
     (b'{"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "5"}]}',
      ":1: messages[0].role must be one of"),
     (b'{"text": "2+2=4"}', ":1: eval scores chat, alpaca or completion records"),
+    (b'{"messages": [{"role": "assistant", "content": "4"}]}',  # was scored from nothing
+     ":1: nothing comes before the answer; eval scores the answer to a prompt"),
+    (b'{"prompt": "", "completion": "4"}', ":1: nothing comes before the answer"),
     (None, ": a folder, not a JSONL file"),
-], ids=["utf8", "strings", "no-content", "int", "list", "role", "text", "folder"])
+], ids=["utf8", "strings", "no-content", "int", "list", "role", "text", "no-prompt",
+        "empty-prompt", "folder"])
 def test_cli_eval_bad_records_are_one_line(tiny, tmp_path, line, words, capsys):
     """Each was an internal error ("this is a bug") after the model had loaded."""
     data = tmp_path / "test.jsonl"
