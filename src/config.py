@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import copy
-import os
 import math
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_origin

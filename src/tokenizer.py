@@ -47,6 +47,7 @@ class Tokenizer:
         pad = self._id_or_none(pad_token, "pad_token")
         self.pad_token_id = self.eos_token_id if pad is None else pad
         self._stop_ids = set()  # generation_config.json's
+        self._template_ids = self._template_end_ids()
         self._compiled = None
 
     # ---- construction -------------------------------------------------------------------
@@ -128,13 +129,14 @@ class Tokenizer:
         self.chat_template = template
         self.template_source = source or self.source
         self.has_chat_template = True
+        self._template_ids = self._template_end_ids()
         self._compiled = None
 
     @property
     def eos_token_ids(self) -> set[int]:
         """The ids generation stops at: EOS, the end-of-turn tokens the current chat template
         writes, and those generation_config.json names."""
-        return {self.eos_token_id} | self._template_end_ids() | self._stop_ids
+        return {self.eos_token_id} | self._template_ids | self._stop_ids
 
     def add_eos_ids(self, ids, source="generation_config.json") -> None:
         """Add stop ids (e.g. generation_config.json's eos_token_id: an id or a list of them)."""
