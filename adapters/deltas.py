@@ -12,8 +12,10 @@ from ..models.tensors import EMBEDDING_WEIGHTS
 from ..quant import quantize
 from .loftq import loftq_fit
 from .peft_io import (
+    MAGNITUDE,
     adapter_chat_template,
     check_base,
+    is_lora_key,
     lora_config_from_peft,
     read_adapter,
     recorded_base,
@@ -21,7 +23,6 @@ from .peft_io import (
     strip_key,
 )
 
-MAGNITUDE = "lora_magnitude_vector"
 BASES = ("float", "quantized")  # what a float base weight is merged into: W, or deq(Q(W))
 
 
@@ -36,8 +37,8 @@ class AdapterDeltas:
         self.recorded = recorded_base(adapter_dir) or {}  # the base it was trained on
         self.trained_quant = self.recorded.get("quant") or {}
         weights = {strip_key(k).removesuffix(".weight"): v for k, v in tensors.items()}
-        self.other = sorted(k for k in weights if not _is_lora_key(k))  # e.g. modules_to_save
-        paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights if _is_lora_key(k)})
+        self.other = sorted(k for k in weights if not is_lora_key(k))  # e.g. modules_to_save
+        paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights if is_lora_key(k)})
         self.lora = lora_config_from_peft(self.config, paths, settings_file(adapter_dir))
         self.modules = {}
         for p in paths:
@@ -156,5 +157,3 @@ class AdapterDeltas:
         return w
 
 
-def _is_lora_key(key):
-    return ".lora_A" in key or ".lora_B" in key or key.endswith(MAGNITUDE)

@@ -5,8 +5,10 @@ from ..errors import ConfigError, ModelError
 from .inject import apply_lora
 from .lora import LoraLinear
 from .peft_io import (
+    MAGNITUDE,
     adapter_chat_template,
     check_base,
+    is_lora_key,
     lora_config_from_peft,
     lora_layers,
     peft_terms,
@@ -23,9 +25,14 @@ def load_adapter(model, adapter_dir):
     weights = {}
     for key, value in tensors.items():
         k = strip_key(key)
-        if k.endswith(".lora_magnitude_vector.weight"):
+        if k.endswith(f".{MAGNITUDE}.weight"):
             k = k[: -len(".weight")]
         weights[k] = value
+    other = sorted(k for k in weights if not is_lora_key(k))
+    if other:
+        raise ModelError(f"{adapter_dir}: {other[0]!r} is no LoRA or DoRA weight of a linear "
+                         "layer (a whole trained module, modules_to_save, or an embedding's "
+                         "adapter); packlora loads LoRA and DoRA weights only")
     paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights})
     if not lora_layers(model):
         source = settings_file(adapter_dir)
@@ -53,7 +60,7 @@ def _assign(model, path, weights, adapter_dir):
     if not isinstance(layer, LoraLinear):
         raise ModelError(f"{adapter_dir}: {path} has adapter weights but no adapter layer")
     for name, attr in (("lora_A.weight", "lora_A"), ("lora_B.weight", "lora_B"),
-                       ("lora_magnitude_vector", "lora_magnitude_vector")):
+                       (MAGNITUDE, "lora_magnitude_vector")):
         value = weights.get(f"{path}.{name}")
         if value is None:
             continue

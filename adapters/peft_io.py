@@ -20,6 +20,7 @@ from .gguf_lora import is_adapter_gguf, read_gguf_lora
 from .lora import LoraLinear
 
 PREFIX = "base_model.model."
+MAGNITUDE = "lora_magnitude_vector"  # DoRA's per-row magnitude, PEFT's name
 PEFT_DEFAULT_RANK = 8  # peft.LoraConfig's defaults for a key its adapter_config.json omits
 PEFT_DEFAULT_ALPHA = 8
 # LoraConfig's field -> adapter_config.json's key, where the two differ
@@ -38,7 +39,7 @@ def adapter_state(model):
         out[f"{PREFIX}{path}.lora_A.weight"] = layer.lora_A.numpy().astype(np.float32)
         out[f"{PREFIX}{path}.lora_B.weight"] = layer.lora_B.numpy().astype(np.float32)
         if layer.lora_magnitude_vector is not None:
-            out[f"{PREFIX}{path}.lora_magnitude_vector"] = layer.lora_magnitude_vector.numpy()
+            out[f"{PREFIX}{path}.{MAGNITUDE}"] = layer.lora_magnitude_vector.numpy()
     return out
 
 
@@ -230,6 +231,12 @@ def _check_weights(path, key, value):
     if bad:
         raise ModelError(f"{path}: tensor {key!r} has {bad} NaN or infinite value(s); the "
                          "adapter is damaged (or was saved from a diverged run)")
+
+
+def is_lora_key(key):
+    """Whether a (stripped) adapter key is a LoRA / DoRA weight, not a whole trained module
+    (modules_to_save) or an embedding's."""
+    return ".lora_A" in key or ".lora_B" in key or key.endswith(MAGNITUDE)
 
 
 def strip_key(key):

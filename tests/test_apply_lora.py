@@ -304,6 +304,21 @@ def test_adapter_config_values_are_named_by_the_file_s_keys(hf_dir, tmp_path, ch
         load_adapter(_model(hf_dir), tmp_path)
 
 
+def test_an_adapter_with_a_whole_trained_module_is_refused_by_name(hf_dir, tmp_path):
+    """PEFT's modules_to_save keeps whole trained modules (here the LM head) in the adapter;
+    loading one said the model had no module 'lm_head.modules_to_save.weight'."""
+    save_adapter(apply_lora(_model(hf_dir), {"targets": ["k_proj"], "rank": 2}), tmp_path)
+    weights = tmp_path / "adapter_model.safetensors"
+    with safe_open(str(weights), framework="numpy") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    tensors["base_model.model.lm_head.modules_to_save.default.weight"] = np.zeros(
+        (mf.VOCAB, mf.HIDDEN), np.float32)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ModelError, match="'lm_head.modules_to_save.weight' is no LoRA or DoRA "
+                                         "weight of a linear layer"):
+        load_adapter(_model(hf_dir), tmp_path)
+
+
 def test_load_peft_style_keys(hf_dir, tmp_path):
     """An adapter as PEFT's in-memory state dict names it: `.default.` keys, DoRA magnitude
     with a `.weight` suffix."""
