@@ -11,7 +11,7 @@ from .adapters.peft_io import check_adapter_path
 from .adapters.deltas import BASES
 from .config import resolve_config
 from .device import Device
-from .errors import PackloraError
+from .errors import ConfigError, PackloraError
 from .evaluate import exact_match, read_eval_records
 from .export import export_model
 from .generate import generate
@@ -79,10 +79,13 @@ def _cmd_eval(a):
 
 def _cmd_merge(a):
     if a.out.lower().endswith(".gguf"):
+        if a.dtype is not None:  # was ignored: the GGUF kept each weight's type
+            raise ConfigError(f"--dtype {a.dtype} sets an HF folder's float type; a .gguf output "
+                              "takes --quantize f32, f16 or bf16")
         out = merge_to_gguf(a.model, a.adapter, a.out, quantize_to=a.quantize, base_mode=a.base)
     else:
-        out = export_model(a.model, a.out, adapter=a.adapter, dtype=a.dtype, quantize=a.quantize,
-                           base_mode=a.base)
+        out = export_model(a.model, a.out, adapter=a.adapter, dtype=a.dtype or "float32",
+                           quantize=a.quantize, base_mode=a.base)
     print(f"wrote {out}")
 
 
@@ -174,8 +177,9 @@ def _merge_args(p):
     p.add_argument("--adapter", required=True, help=_ADAPTER_HELP)
     p.add_argument("--out", required=True,
                    help="a new folder (HF layout), or a new .gguf file for llama.cpp / Ollama")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                   help="float type of an HF folder's weights")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                   help="float type of an HF folder's weights (default float32; a .gguf takes "
+                        "--quantize f32|f16|bf16)")
     p.add_argument("--quantize", default=None,
                    help="HF folder: write packed weights in this format; .gguf: the linear "
                         f"weights' type ({', '.join(GGUF_TARGETS)}; default: each keeps its "

@@ -69,7 +69,7 @@ def test_merge_matches_base_plus_adapter(hf, tmp_path, lora):
     assert merged.tokenizer.encode("1+1") == load_model(hf).tokenizer.encode("1+1")
 
 
-def test_merge_cli_dtypes(hf, tmp_path):
+def test_merge_cli_dtypes(hf, tmp_path, capsys):
     _adapted(hf, tmp_path / "ad")
     f32 = tmp_path / "f32"
     assert main(["merge", "--model", str(hf), "--adapter", str(tmp_path / "ad"),
@@ -96,6 +96,14 @@ def test_merge_cli_dtypes(hf, tmp_path):
     assert e.value.code == 2
     with pytest.raises(ValueError, match="dtype must be one of"):
         export_model(hf, tmp_path / "x", dtype="int8")
+    # a GGUF output kept each weight's type, the --dtype asked for silently ignored
+    capsys.readouterr()
+    assert main(["merge", "--model", str(hf), "--adapter", str(tmp_path / "ad"),
+                 "--out", str(tmp_path / "x.gguf"), "--dtype", "bfloat16"]) == 2
+    assert capsys.readouterr().err == ("packlora: error: --dtype bfloat16 sets an HF folder's "
+                                       "float type; a .gguf output takes --quantize f32, f16 or "
+                                       "bf16\n")
+    assert not (tmp_path / "x.gguf").exists()
 
 
 def test_merge_rejects_adapter_for_other_modules(hf, tmp_path):
