@@ -241,8 +241,8 @@ def test_cli_eval_of_completion_records(tiny, tmp_path, capsys):
     """Completion records (a plain prompt, its answer) were refused; they are scored as they
     are trained: the prompt without a chat template. --verbose shows what a wrong answer was
     against what was expected."""
-    model = load_model(tiny / "model")  # packed as eval packs it
-    got = generate_batch(model, ["1+2"], max_new_tokens=3, int8_activations=False)[0]
+    model = load_model(tiny / "model")  # packed as eval packs it, and batched as it batches
+    got = generate_batch(model, ["1+2"] * 2, max_new_tokens=3, int8_activations=False)[0]
     data = tmp_path / "c.jsonl"
     data.write_text("".join(json.dumps({"prompt": "1+2", "completion": c}) + "\n"
                             for c in (got, "nope")))
