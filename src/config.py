@@ -285,6 +285,16 @@ class RunConfig(_Section):
             self.scratch_mib = DEFAULT_SCRATCH_MIB[self.device.split(":")[0]]
         return self
 
+    @field_validator("resume_allow")
+    @classmethod
+    def _check_allowed_keys(cls, value: list[str]) -> list[str]:
+        for key in value:
+            problem = None if key in ("data", "world_size") else key_path_problem(key.split("."))
+            if problem:  # a typo would allow nothing, and the resume would be refused
+                raise ValueError(f"{problem}; give setting key paths (train.max_steps), or "
+                                 "data for the training data")
+        return value
+
     @field_validator("resume")
     @classmethod
     def _check_resume(cls, value: str | None) -> str | None:
@@ -310,21 +320,28 @@ def _compile(pattern: str) -> None:
 
 # ----------------------------------------------------------------------------------- overrides
 
-def _check_override_key(parts: list, text: str, source: str) -> None:
-    """Reject an override whose key path is not in the schema (with a suggestion)."""
+def key_path_problem(parts: list) -> str | None:
+    """What is wrong with a key path of the run config (`train.max_steps` as its parts), with a
+    suggestion; None when the schema has it."""
     cls = RunConfig
     for i, part in enumerate(parts):
         key = ".".join(parts[:i + 1])
         if part not in cls.model_fields:
-            raise ConfigError(f"{source}: override '{text}': {key}: unknown key"
-                              + suggest(part, cls.model_fields))
+            return f"{key}: unknown key" + suggest(part, cls.model_fields)
         ann = cls.model_fields[part].annotation
         cls = section_model(ann)
         if cls is None:
             if i + 1 < len(parts) and get_origin(ann) is not dict:
-                raise ConfigError(f"{source}: override '{text}': {key} is a value, not a "
-                                  f"section; cannot set {'.'.join(parts[i + 1:])}")
-            return
+                return f"{key} is a value, not a section; cannot set {'.'.join(parts[i + 1:])}"
+            return None
+    return None
+
+
+def _check_override_key(parts: list, text: str, source: str) -> None:
+    """Reject an override whose key path is not in the schema (with a suggestion)."""
+    problem = key_path_problem(parts)
+    if problem:
+        raise ConfigError(f"{source}: override '{text}': {problem}")
 
 
 def apply_overrides(data: dict, overrides, source: str) -> tuple[dict, dict]:

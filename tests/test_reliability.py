@@ -144,6 +144,13 @@ def test_resume_refuses_changed_settings_and_data(setup, tmp_path, reference):
     longer["resume_allow"] = ["train.max_steps"]
     res = finetune(longer, progress=False)
     assert [r["step"] for r in res.history] == [5, 6]
+    # a mistyped key allowed nothing, without a word; a section allows every key in it
+    changed["resume_allow"] = ["train.max_step"]
+    with pytest.raises(ConfigError, match="resume_allow: train.max_step: unknown key, did you "
+                                          "mean 'max_steps'"):
+        finetune(changed, progress=False)
+    changed["resume_allow"] = ["lora", "train"]
+    assert [r["step"] for r in finetune(changed, progress=False).history] == [7, 8]
 
 
 def _run_bytes(out):

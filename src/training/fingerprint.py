@@ -54,8 +54,9 @@ def default_settings(config):
 
 def check_resume(saved, current, allow=(), where="checkpoint", defaults=None):
     """TrainingError naming every difference between the checkpoint's fingerprint and this run's,
-    except keys listed in `allow` (a key path, or 'data' for the training data). A setting the
-    checkpoint does not record (newer than it) counts as its value in `defaults`."""
+    except keys listed in `allow` (a key path, a section such as 'train' for all its keys, or
+    'data' for the training data). A setting the checkpoint does not record (newer than it)
+    counts as its value in `defaults`."""
     if not saved or not current:
         return  # a checkpoint from before fingerprints: nothing to compare
     allow, defaults = set(allow), defaults or {}
@@ -64,7 +65,8 @@ def check_resume(saved, current, allow=(), where="checkpoint", defaults=None):
     if old is not None and new is not None:
         for key in sorted(set(old) | set(new)):
             before = old[key] if key in old else defaults.get(key)
-            if before != new.get(key) and key not in allow:
+            allowed = any(key == a or key.startswith(a + ".") for a in allow)
+            if before != new.get(key) and not allowed:
                 changed[key] = f"{key}: {before!r} -> {new.get(key)!r}"
     a, b = saved.get("data") or {}, current.get("data") or {}
     if a != b and "data" not in allow:
