@@ -17,6 +17,7 @@ from .peft_io import (
     check_base,
     is_lora_key,
     lora_config_from_peft,
+    not_lora_weight,
     read_adapter,
     recorded_base,
     settings_file,
@@ -63,9 +64,7 @@ class AdapterDeltas:
     def check_mergeable(self, source):
         """ModelError unless the adapter holds LoRA / DoRA weights alone, each fitting `source`."""
         if self.other:
-            raise ModelError(f"{self.path}: {self.other[0]!r} is not a LoRA or DoRA weight of a "
-                             "linear layer (it is a trained embedding or head, or an embedding "
-                             "LoRA), and packlora merges and exports only those")
+            raise ModelError(not_lora_weight(self.path, self.other[0]))
         self.check_shapes(source)
 
     def check_shapes(self, source):
@@ -89,8 +88,7 @@ class AdapterDeltas:
             raise ConfigError(f"lora.start_from: {self.path} is a LoftQ adapter, fitted to a "
                               "base LoftQ changed; start from it with lora.init: loftq instead")
         if self.other:
-            raise ConfigError(f"lora.start_from: {self.path} holds {self.other[0]!r}, which is "
-                              "not a LoRA or DoRA weight of a linear layer")
+            raise ConfigError(f"lora.start_from: {not_lora_weight(self.path, self.other[0])}")
         for path, (a, b, mag) in sorted(self.modules.items()):
             layer = model.get_module(path) if path in model.lora_paths else None
             if layer is None:

@@ -11,6 +11,7 @@ from .peft_io import (
     is_lora_key,
     lora_config_from_peft,
     lora_layers,
+    not_lora_weight,
     peft_terms,
     read_adapter,
     settings_file,
@@ -30,9 +31,7 @@ def load_adapter(model, adapter_dir):
         weights[k] = value
     other = sorted(k for k in weights if not is_lora_key(k))
     if other:
-        raise ModelError(f"{adapter_dir}: {other[0]!r} is no LoRA or DoRA weight of a linear "
-                         "layer (a whole trained module, modules_to_save, or an embedding's "
-                         "adapter); packlora loads LoRA and DoRA weights only")
+        raise ModelError(not_lora_weight(adapter_dir, other[0]))
     paths = sorted({k.rsplit(".lora_", 1)[0] for k in weights})
     if not lora_layers(model):
         source = settings_file(adapter_dir)

@@ -239,6 +239,14 @@ def is_lora_key(key):
     return ".lora_A" in key or ".lora_B" in key or key.endswith(MAGNITUDE)
 
 
+def not_lora_weight(adapter, key) -> str:
+    """Why an adapter weight that is_lora_key refuses cannot be used (applied, merged, exported
+    or trained on)."""
+    return (f"{adapter}: {key!r} is no LoRA or DoRA weight of a linear layer (a whole trained "
+            "module, modules_to_save, or an embedding's adapter); packlora takes LoRA and DoRA "
+            "weights only")
+
+
 def strip_key(key):
     """A PEFT key without its model prefix and adapter name."""
     key = key[len(PREFIX):] if key.startswith(PREFIX) else key

@@ -63,9 +63,15 @@ def pattern_value(path, patterns, default):
     wins. (PEFT's own keys are anchored to whole module-name suffixes when an adapter_config is
     read; see adapters.peft_io.lora_config_from_peft.)"""
     for pattern, value in (patterns or {}).items():
-        if re.search(pattern, path):
+        if pattern_found(pattern, path):
             return value
     return default
+
+
+def pattern_found(pattern, path) -> bool:
+    """Whether a rank/alpha pattern names the module `path` (found anywhere in it, as PEFT
+    searches)."""
+    return re.search(pattern, path) is not None
 
 
 def _check_layers(modules, wanted):
@@ -122,7 +128,7 @@ def check_patterns(lora, paths) -> None:
     lora.rank / lora.alpha without a word; a PEFT adapter's patterns may name modules it skips)."""
     for name in ("rank_pattern", "alpha_pattern"):
         for key in getattr(lora, name) or {}:
-            if not any(re.search(key, p) for p in paths):
+            if not any(pattern_found(key, p) for p in paths):
                 kinds = ", ".join(sorted({p.rsplit(".", 1)[-1] for p in paths}))
                 raise ConfigError(f"lora.{name}: {key!r} is found in none of the adapted "
                                   f"modules ({kinds}, in lora.layers where set)")
