@@ -1,12 +1,20 @@
 """Held-out exact match: generate each record's answer from its prompt and compare exactly."""
+from typing import NamedTuple
+
 from .data.formats import detect_format, normalize
 from .data.jsonl import read_jsonl
 from .errors import DataError, check_count
 from .generate import generate_batch
 
 
+class EvalRecord(NamedTuple):
+    prompt: object  # a list of {"role", "content"} messages, or a completion's plain text
+    answer: str
+    where: str  # "file:line", what errors call the record
+
+
 def read_eval_records(path):
-    """[(prompt, expected answer)] of a JSONL file, checked as training checks it: a chat (or
+    """[EvalRecord] of a JSONL file, checked as training checks it: a chat (or
     alpaca) record's last message is the answer and the messages before it the prompt; a
     completion record's prompt is plain text, generated from as it is trained (no template)."""
     out = []
@@ -22,7 +30,7 @@ def read_eval_records(path):
         if not prompt:
             raise DataError(f"{where}: nothing comes before the answer; eval scores the answer "
                             "to a prompt")
-        out.append((prompt, answer))
+        out.append(EvalRecord(prompt, answer, where))
     if not out:
         raise DataError(f"{path}: no records")
     return out
@@ -35,12 +43,13 @@ def exact_match(model, records, max_new_tokens=64, limit=None, on_item=None, bat
     record's answer must not depend on the batch it falls in."""
     check_count("eval", "limit", limit, 1, none_ok=True)
     records = records[:limit]
-    answers = generate_batch(model, [p for p, _ in records], max_new_tokens,
-                             batch_size=batch_size, int8_activations=False)
+    answers = generate_batch(model, [r.prompt for r in records], max_new_tokens,
+                             batch_size=batch_size, int8_activations=False,
+                             names=[r.where for r in records])
     hits = 0
-    for (_, want), got in zip(records, answers):
-        ok = got.strip() == want.strip()
+    for record, got in zip(records, answers):
+        ok = got.strip() == record.answer.strip()
         hits += ok
         if on_item:
-            on_item(got, want, ok)
+            on_item(got, record.answer, ok)
     return {"exact_match": hits / len(records), "correct": hits, "total": len(records)}

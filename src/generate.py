@@ -8,13 +8,14 @@ from .errors import ConfigError, DataError, ModelError, check_count
 from .models.llama import KVCache
 
 
-def _prompt_ids(tok, prompt, index=0):
-    """A prompt's ids: a string as text, a list of {"role", "content"} dicts as a chat."""
+def _prompt_ids(tok, prompt, name):
+    """A prompt's ids: a string as text, a list of {"role", "content"} dicts as a chat. `name`
+    is what an error calls the prompt."""
     if isinstance(prompt, (list, tuple)):
         try:
             text = tok.apply_chat_template(list(prompt), add_generation_prompt=True)
         except DataError as e:  # the template refused it (raise_exception, a bad message)
-            raise DataError(f"generation: prompt {index}: {e}") from None
+            raise DataError(f"generation: {name}: {e}") from None
         return tok.encode(text, add_special_tokens=False)
     if not isinstance(prompt, str):
         raise TypeError(f"a prompt is a string or a list of {{'role', 'content'}} messages, "
@@ -22,11 +23,11 @@ def _prompt_ids(tok, prompt, index=0):
     return prompt_ids(tok, prompt)  # as a completion record's prompt is trained
 
 
-def _check_not_empty(id_lists):
+def _check_not_empty(id_lists, names):
     """Each prompt needs a token to predict from (a padded empty row would attend to nothing)."""
-    empty = [i for i, ids in enumerate(id_lists) if not len(ids)]
+    empty = [name for name, ids in zip(names, id_lists) if not len(ids)]
     if empty:
-        raise ConfigError(f"generation: prompt {empty[0]} has no tokens (an empty text, and the "
+        raise ConfigError(f"generation: {empty[0]} has no tokens (an empty text, and the "
                           "tokenizer adds no BOS token); give it some text")
 
 
@@ -72,16 +73,17 @@ def _sample(logits, temperature, top_k, top_p, rng):
     return int(rng.choice(p.size, p=p))
 
 
-def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eos_ids, stop,
-            int8=True):
+def _decode(model, id_lists, names, max_new_tokens, temperature, top_p, top_k, seed, eos_ids,
+            stop, int8=True):
     """Generate after each prompt in `id_lists` together: one left-padded batch, one KV cache.
-    Returns the new ids of each row (EOS excluded). `int8`: the one-token steps of a batch of
-    one or two prompts round x to 8 bits in the packed products (kernels/activations.py), as
-    llama.cpp decodes; larger batches keep float32 x. Its callers check the settings."""
+    Returns the new ids of each row (EOS excluded); `names` are what errors call the rows.
+    `int8`: the one-token steps of a batch of one or two prompts round x to 8 bits in the
+    packed products (kernels/activations.py), as llama.cpp decodes; larger batches keep float32
+    x. Its callers check the settings."""
     tok = model.tokenizer
     rng = np.random.default_rng(seed)
     longest = max(len(ids) for ids in id_lists)
-    max_new_tokens = _room(model, longest, max_new_tokens)
+    max_new_tokens = _room(model, id_lists, names, max_new_tokens)
     pad_id = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0
     pad = np.array([longest - len(ids) for ids in id_lists])
     batch = np.array([[pad_id] * p + list(ids) for p, ids in zip(pad, id_lists)], dtype=np.int64)
@@ -90,24 +92,26 @@ def _decode(model, id_lists, max_new_tokens, temperature, top_p, top_k, seed, eo
     outs = [[] for _ in id_lists]
     done = [False] * len(id_lists)
     with model.evaluating(), kernels.int8_activations(int8):  # no dropout, no generator draws
-        _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, top_p, top_k,
-                     rng, eos_ids, stop, pad_id)
+        _decode_loop(model, batch, cache, outs, done, names, max_new_tokens, temperature, top_p,
+                     top_k, rng, eos_ids, stop, pad_id)
     return outs
 
 
-def _room(model, longest, max_new_tokens):
-    """New tokens that fit the model's context (max_position_embeddings) after the prompt: a
+def _room(model, id_lists, names, max_new_tokens):
+    """New tokens that fit the model's context (max_position_embeddings) after the prompts: a
     longer request stops at the end of the context, as llama.cpp does; a longer prompt is an
     error (its positions would be ones the model never saw)."""
     context = model.config.max_position_embeddings
+    longest = max(len(ids) for ids in id_lists)
     if longest > context:
-        raise ModelError(f"generation: a prompt of {longest} tokens is longer than the context "
-                         f"of {model.source or 'the model'} ({context} positions)")
+        name = next(n for n, ids in zip(names, id_lists) if len(ids) == longest)
+        raise ModelError(f"generation: {name}: a prompt of {longest} tokens is longer than the "
+                         f"context of {model.source or 'the model'} ({context} positions)")
     return min(max_new_tokens, context - longest)
 
 
-def _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, top_p, top_k,
-                 rng, eos_ids, stop, pad_id):
+def _decode_loop(model, batch, cache, outs, done, names, max_new_tokens, temperature, top_p,
+                  top_k, rng, eos_ids, stop, pad_id):
     tok = model.tokenizer
     with without_autodiff():
         logits = model.next_logits(batch, cache)  # (B, V)
@@ -117,7 +121,7 @@ def _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, t
             for i, out in enumerate(outs):
                 if done[i]:
                     continue
-                _check_finite(rows[i], step, i)
+                _check_finite(rows[i], step, names[i])
                 nxt[i, 0] = tok_id = _sample(rows[i], temperature, top_k, top_p, rng)
                 if tok_id in eos_ids:
                     done[i] = True
@@ -130,11 +134,11 @@ def _decode_loop(model, batch, cache, outs, done, max_new_tokens, temperature, t
             logits = model.next_logits(nxt, cache)
 
 
-def _check_finite(row, step, i):
+def _check_finite(row, step, name):
     """A NaN or inf logit would be sampled as some token, silently: say so instead."""
     if not np.isfinite(row).all():
-        raise ModelError(f"generation: the logits of new token {step + 1} (prompt {i + 1}) are "
-                         "not finite; the model's weights or its adapter hold NaN or inf")
+        raise ModelError(f"generation: {name}: the logits of new token {step + 1} are not "
+                         "finite; the model's weights or its adapter hold NaN or inf")
 
 
 def generate_ids(model, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
@@ -143,16 +147,17 @@ def generate_ids(model, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top
     int8_activations=False keeps float32 x in every product (slower, the training forward's
     numbers)."""
     check_settings(max_new_tokens, temperature, top_p, top_k, seed)
-    _check_not_empty([ids])
-    return _decode(model, [list(ids)], max_new_tokens, temperature, top_p, top_k, seed,
-                   set(eos_ids), list(stop), int8_activations)[0]
+    _check_not_empty([ids], ["prompt 0"])
+    return _decode(model, [list(ids)], ["prompt 0"], max_new_tokens, temperature, top_p, top_k,
+                   seed, set(eos_ids), list(stop), int8_activations)[0]
 
 
 def generate_batch(model, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
-                   seed=None, stop=None, batch_size=32, int8_activations=True):
+                   seed=None, stop=None, batch_size=32, int8_activations=True, names=None):
     """generate() for many prompts at once (left-padded batches of `batch_size`, similar
     lengths together); returns the texts in the order of `prompts`. int8_activations applies
-    to batches of one or two prompts (see generate)."""
+    to batches of one or two prompts (see generate). `names`: what errors call each prompt
+    (a record's file and line, say); by default "prompt i", its index in `prompts`."""
     tok = model.tokenizer
     if tok is None:
         raise ModelError(f"{model.source or 'this model'}: no tokenizer (a folder without "
@@ -162,14 +167,18 @@ def generate_batch(model, prompts, max_new_tokens=128, temperature=0.0, top_p=1.
         raise TypeError("generate_batch takes a list of prompts (strings or chats); "
                         "generate() takes one")
     stop = [stop] if isinstance(stop, str) else list(stop or ())
-    ids = [_prompt_ids(tok, p, i) for i, p in enumerate(prompts)]
-    _check_not_empty(ids)
+    names = [f"prompt {i}" for i in range(len(prompts))] if names is None else list(names)
+    if len(names) != len(prompts):
+        raise ValueError(f"generate_batch: {len(names)} names for {len(prompts)} prompts")
+    ids = [_prompt_ids(tok, p, name) for p, name in zip(prompts, names)]
+    _check_not_empty(ids, names)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     texts = [None] * len(ids)
     for c in range(0, len(order), batch_size):
         chunk = order[c:c + batch_size]
-        outs = _decode(model, [ids[i] for i in chunk], max_new_tokens, temperature, top_p,
-                       top_k, seed, set(tok.eos_token_ids), stop, int8_activations)
+        outs = _decode(model, [ids[i] for i in chunk], [names[i] for i in chunk], max_new_tokens,
+                       temperature, top_p, top_k, seed, set(tok.eos_token_ids), stop,
+                       int8_activations)
         for i, out in zip(chunk, outs):
             texts[i] = _cut(tok.decode(out, skip_special_tokens=True), stop)
     return texts

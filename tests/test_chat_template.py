@@ -10,6 +10,7 @@ from packlora import generate_batch, load_adapter, load_model, load_tokenizer, m
 from packlora.adapters.peft_io import TEMPLATE
 from packlora.data.dataset import use_chat_template
 from packlora.errors import DataError, ModelError
+from packlora.evaluate import exact_match, read_eval_records
 from packlora.training.run import finetune
 
 TEMPLATE_TEXT = ("{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -138,3 +139,7 @@ def test_a_record_the_template_refuses_is_named(run, tmp_path):
     with pytest.raises(DataError, match="^generation: prompt 1: data.chat_template: chat "
                                         "template failed: Conversation roles must alternate"):
         generate_batch(model, [CHAT, [{"role": "assistant", "content": "1+2"}]])
+    # eval named the prompt's index among those it generated, not the record's line
+    with pytest.raises(DataError, match=r"^generation: .*d\.jsonl:2: data\.chat_template: chat "
+                                        "template failed: Conversation roles must alternate"):
+        exact_match(model, read_eval_records(data))

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import model_factory as mf
 import numpy as np
 import pytest
-from packlora import cli
+from packlora import apply_lora, cli
 from packlora.memory import fit
 from packlora.cli import main
 from packlora.config import load_config
@@ -253,6 +253,20 @@ def test_cli_eval_of_completion_records(tiny, tmp_path, capsys):
     assert shown == [f"OK  {got}", f"BAD {got!r}, expected 'nope'"]
 
 
+def test_generation_names_a_prompt_by_its_place_in_the_call(tiny):
+    """A batch is generated sorted by length: non-finite logits named the prompt by its row
+    there (plus one), another prompt than the caller's."""
+    model = load_model(tiny / "model", quant="none")
+    apply_lora(model, {"targets": ["q_proj"], "rank": 2})
+    next(p for name, p in model.trainable() if name.endswith("lora_B")).data[...] = np.nan
+    with pytest.raises(ModelError, match="^generation: prompt 2: the logits of new token 1 are "
+                                         "not finite"):
+        generate_batch(model, ["1+2 1+2", "1+2 1+2 1+2", "1"], max_new_tokens=3)
+    with pytest.raises(ModelError, match="^generation: d.jsonl:3: the logits of new token 1"):
+        generate_batch(model, ["1+2 1+2", "1"], max_new_tokens=3,
+                       names=["d.jsonl:2", "d.jsonl:3"])
+
+
 def test_a_plain_prompt_does_not_end_with_eos(tiny, tmp_path):
     """A tokenizer whose add_eos_token is true put EOS after a plain prompt, and generation
     went on from a finished sequence; it starts as a completion record's prompt is trained."""
@@ -264,7 +278,7 @@ def test_a_plain_prompt_does_not_end_with_eos(tiny, tmp_path):
     (folder / "tokenizer_config.json").write_text(json.dumps(dict(cfg, add_eos_token=True)))
     tok = load_model(folder, quant="none").tokenizer
     assert tok.encode("1+2", add_special_tokens=True)[-1] == tok.eos_token_id
-    assert generate_prompt_ids(tok, "1+2") == tok.encode("1+2")
+    assert generate_prompt_ids(tok, "1+2", "prompt 0") == tok.encode("1+2")
 
 
 def test_cli_inspect(tiny, capsys):
@@ -346,8 +360,11 @@ def test_generation_and_training_know_the_context(tiny, tmp_path, capsys):
     assert len(generate_ids(model, [5, 6, 7], max_new_tokens=10**8)) == 16 - 3
     assert main(["generate", "--model", str(folder), "--prompt", "1+2 " * 10]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("packlora: error: generation: a prompt of ") and err.count("\n") == 1
+    assert err.startswith("packlora: error: generation: prompt 0: a prompt of ")
+    assert err.count("\n") == 1
     assert f"longer than the context of {folder} (16 positions)" in err
+    with pytest.raises(ModelError, match="^generation: prompt 1: a prompt of "):
+        generate_batch(model, ["1+2", "1+2 " * 10, "1+2 1+2"])
     # an empty plain prompt of a tokenizer without BOS: was an internal ZeroDivisionError
     assert main(["generate", "--model", str(folder), "--no-chat", "--prompt", ""]) == 2
     assert capsys.readouterr().err == ("packlora: error: generation: prompt 0 has no tokens (an "
