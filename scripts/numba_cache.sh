@@ -4,7 +4,11 @@
 # part of the version, since the kernels bake its layouts and format ids in. Older folders are
 # removed.
 CACHE="${CACHE:-${PACKLORA_CACHE:-$HOME/.cache/packlora}}"
-KERNELS_HASH=$(cat $(find kernels quant -name '*.py' | sort) | sha256sum | cut -c1-16)
+# the sources are found from this file's place, so sourcing it from another folder neither
+# hashes nothing nor removes the real cache as "older"
+SOURCES="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+KERNELS_HASH=$(cat $(find "$SOURCES/kernels" "$SOURCES/quant" -name '*.py' | sort) | sha256sum \
+  | cut -c1-16)
 if [ -z "${NUMBA_CACHE_DIR:-}" ]; then
   export NUMBA_CACHE_DIR="$CACHE/numba-$KERNELS_HASH"
   find "$CACHE" -maxdepth 1 -name 'numba*' ! -name "numba-$KERNELS_HASH" -exec rm -rf {} + \
