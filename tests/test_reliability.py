@@ -2,7 +2,9 @@
 a torn metrics line is tolerated, a resume that would continue a different run is refused,
 damaged adapters and full disks are clear errors, and an unexpected error is one line."""
 import errno
+import fcntl
 import json
+import os
 from pathlib import Path
 
 import model_factory as mf
@@ -14,7 +16,7 @@ from packlora.adapters import load_adapter
 from packlora.cli import main
 from packlora.device import Device
 from packlora.config import parse_config
-from packlora.errors import ConfigError, ModelError, TrainingError
+from packlora.errors import ConfigError, DataError, ModelError, TrainingError
 from packlora.models import load_model
 from packlora.training import finetune
 from packlora.training.checkpoints import MANIFEST, list_checkpoints
@@ -186,6 +188,35 @@ def test_resume_auto_never_starts_over_on_a_run_it_cannot_continue(setup, tmp_pa
     again["overwrite"] = True
     assert [r["step"] for r in finetune(again, progress=False).history] == [1, 2, 3, 4]
     assert [s for s, _ in list_checkpoints(out)] == [2, 4]
+
+
+def test_a_folder_another_run_is_using_is_refused(setup, tmp_path):
+    """The same command started twice (two terminals, a job resubmitted) trained both runs
+    into one folder, mixing their checkpoints and metrics; with overwrite: true the second
+    deleted the running one's files. A run holds output_dir for its life (flock on the folder,
+    released however the process ends); the holder here stands for that other process."""
+    out = tmp_path / "run"
+    finetune(cfg(setup, out, max_steps=2), progress=False)
+    before = _run_bytes(out)
+    holder = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        again = dict(cfg(setup, out, max_steps=2), overwrite=True, resume=None)
+        with pytest.raises(ConfigError, match=f"output_dir: {out} is in use by another packlora "
+                                              "run"):
+            finetune(again, progress=False)
+        assert _run_bytes(out) == before
+    finally:
+        os.close(holder)
+    assert [r["step"] for r in finetune(again, progress=False).history] == [1, 2]
+    # a run stopped by its data before writing leaves no folder it made, parents included
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    stopped = cfg(setup, tmp_path / "new" / "deeper" / "run")
+    stopped["data"]["train"] = str(bad)
+    with pytest.raises(DataError, match="bad JSON"):
+        finetune(stopped, progress=False)
+    assert not (tmp_path / "new").exists()
 
 
 def test_resume_of_a_checkpoint_older_than_a_setting():

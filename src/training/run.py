@@ -25,6 +25,7 @@ from ..models import load_model
 from .checkpoints import list_checkpoints, named_checkpoint_problem, what_is_kept
 from .distributed import World
 from .fingerprint import data_digest
+from .output_lock import output_dir_lock
 from .trainer import RUN_CONFIG, train
 
 _RUN_FILES = ("metrics.jsonl", "checkpoints", WEIGHTS, CONFIG, TEMPLATE, RUN_CONFIG, "loss.png")
@@ -103,7 +104,8 @@ def finetune(config_or_path, overrides=(), progress=True, world=None):
     cfg = None
     try:
         cfg = resolve_config(config_or_path, overrides)
-        return _finetune(cfg, progress, world)
+        with output_dir_lock(cfg.output_dir, held=world.is_main):  # rank 0 alone writes there
+            return _finetune(cfg, progress, world)
     except BaseException as e:
         if world.size > 1:
             print(f"packlora: error on rank {world.rank} of {world.size}: {e}", file=sys.stderr,
