@@ -22,6 +22,7 @@ from pydantic import (
 
 from .config_errors import format_errors, section_model, suggest
 from .config_yaml import StrictLoader, check_relative_paths, read_yaml
+from .data.formats import FORMATS as DATA_FORMATS
 from .device import DEFAULT_SCRATCH_MIB
 from .errors import ConfigError
 from .quant import FORMATS
@@ -158,7 +159,7 @@ class DataConfig(_Section):
     train: str = Field(min_length=1)
     valid: str | None = None
     val_size: int | float = 0
-    format: Literal["auto", "text", "completion", "alpaca", "chat"] = "auto"
+    format: Literal[("auto", *DATA_FORMATS)] = "auto"
     max_seq_len: Int = Field(512, ge=2)
     train_on_inputs: bool = False
     packing: bool = False

@@ -16,6 +16,7 @@ from packlora.data import (
     pack_examples,
 )
 from packlora.errors import DataError, ModelError
+from packlora.evaluate import read_eval_records
 
 BOS, EOS, PAD, START, END = 1, 2, 0, 3, 4
 
@@ -136,6 +137,42 @@ def test_chat_masks_all_assistant_turns(tmp_path):
     assert ds.format == "chat" and targets(ds[0]) == "b<4>d<4>"
     ds = load(tmp_path, [{"messages": msgs}], train_on_inputs=True)
     assert ds[0].num_targets() == len(ds[0])
+
+
+def test_sharegpt_records_train_as_the_same_chat(tmp_path):
+    """ShareGPT records ({"conversations": [{"from": "human", "value": ...}]}, the format of
+    many published fine-tuning sets, as Axolotl, LLaMA-Factory and Unsloth read it) could not
+    be detected; they train as the chat their speakers name, and Unsloth's role/content form of
+    them too."""
+    turns = [("system", "system", "S"), ("human", "user", "a"), ("gpt", "assistant", "b"),
+             ("user", "user", "c"), ("assistant", "assistant", "d")]
+    chat = load(tmp_path, [{"messages": [{"role": r, "content": c} for _, r, c in turns]}])
+    share = load(tmp_path, [{"conversations": [{"from": f, "value": c} for f, _, c in turns]}])
+    again = load(tmp_path, [{"conversations": [{"role": r, "content": c} for _, r, c in turns]}])
+    assert share.format == "sharegpt" and targets(share[0]) == "b<4>d<4>"
+    for ds in (share, again):
+        assert ds[0].input_ids.tolist() == chat[0].input_ids.tolist()
+        assert ds[0].labels.tolist() == chat[0].labels.tolist()
+    for turns, words in [([], "'conversations' must be a non-empty list of {'from', 'value'}"),
+                         ([{"from": "observation", "value": "x"}],
+                          r"conversations\[0\]\.from must be one of system, human, user, gpt, "
+                          "assistant, got 'observation'"),
+                         ([{"from": "human", "value": None}],
+                          r"conversations\[0\]\.value must be a string, got NoneType"),
+                         ([{"from": "human", "value": "x"}], "'conversations' has no assistant"),
+                         ([{"from": ["gpt"], "value": "x"}],
+                          r"conversations\[0\]\.from must be .*got \['gpt'\]"),
+                         ([{"speaker": "gpt", "text": "x"}],
+                          r"conversations\[0\] must be an object with 'from' and 'value'")]:
+        with pytest.raises(DataError, match=rf"d\.jsonl:2: {words}"):
+            load(tmp_path, [{"conversations": [{"from": "gpt", "value": "ok"}]},
+                            {"conversations": turns}])
+    with pytest.raises(DataError, match=r"d\.jsonl:1: missing key 'conversations' \(format "
+                                        r"'sharegpt'\)"):
+        load(tmp_path, [{"messages": []}], format="sharegpt")
+    records = read_eval_records(write_jsonl(tmp_path, [{"conversations": [
+        {"from": "human", "value": "1+2"}, {"from": "gpt", "value": "3"}]}]))
+    assert records[0][:2] == ([{"role": "user", "content": "1+2"}], "3")
 
 
 def test_explicit_format_and_auto_detection_errors(tmp_path):

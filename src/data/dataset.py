@@ -11,7 +11,7 @@ from .jsonl import read_jsonl
 from .packing import pack_examples
 from .tokenize import make_example
 
-TEMPLATED = ("chat", "alpaca")  # formats rendered through the model's chat template
+TEMPLATED = ("chat", "alpaca", "sharegpt")  # formats rendered through the model's chat template
 
 
 class Examples(list):

@@ -3,20 +3,24 @@ from __future__ import annotations
 
 from ..errors import DataError
 
-FORMATS = ("text", "completion", "alpaca", "chat")
+FORMATS = ("text", "completion", "alpaca", "chat", "sharegpt")
 ROLES = ("system", "user", "assistant")
 _KEYS = {"text": ("text",), "completion": ("prompt", "completion"),
-         "alpaca": ("instruction", "output"), "chat": ("messages",)}
+         "alpaca": ("instruction", "output"), "chat": ("messages",),
+         "sharegpt": ("conversations",)}
+# ShareGPT's speakers (as Axolotl, LLaMA-Factory and Unsloth read them) as chat roles
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
+                  "assistant": "assistant"}
 
 
 def detect_format(record: dict, where: str) -> str:
-    """The format a record's keys announce: chat, alpaca, completion or text."""
-    for fmt in ("chat", "alpaca", "completion", "text"):
+    """The format a record's keys announce: chat, sharegpt, alpaca, completion or text."""
+    for fmt in ("chat", "sharegpt", "alpaca", "completion", "text"):
         if all(k in record for k in _KEYS[fmt]):
             return fmt
     raise DataError(f"{where}: cannot detect the format from keys {sorted(record)}; expected "
-                    "'text', 'prompt'+'completion', 'instruction'+'input'+'output' or "
-                    "'messages'")
+                    "'text', 'prompt'+'completion', 'instruction'+'input'+'output', "
+                    "'messages' or 'conversations'")
 
 
 def _string(record: dict, key: str, where: str, fmt: str, required: bool = True) -> str:
@@ -32,32 +36,49 @@ def _string(record: dict, key: str, where: str, fmt: str, required: bool = True)
     return value
 
 
-def _messages(record: dict, where: str) -> list[dict]:
-    if "messages" not in record:
-        raise DataError(f"{where}: missing key 'messages' (format 'chat')")
-    messages = record["messages"]
+def _messages(record: dict, where: str, key="messages", names=("role", "content"),
+              roles=None) -> list[dict]:
+    """A chat's messages, checked: `key` holds a list of objects with the fields `names` (a
+    role and a text); `roles` maps the record's role names to chat roles (None: ROLES as they
+    are)."""
+    fmt = "chat" if key == "messages" else "sharegpt"
+    if key not in record:
+        raise DataError(f"{where}: missing key '{key}' (format '{fmt}')")
+    messages = record[key]
+    role, text = names
     if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: 'messages' must be a non-empty list of "
-                        "{'role', 'content'} objects")
+        raise DataError(f"{where}: '{key}' must be a non-empty list of "
+                        f"{{'{role}', '{text}'}} objects")
+    roles = roles or {r: r for r in ROLES}
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise DataError(f"{where}: messages[{i}] must be an object with 'role' and 'content'")
-        if m["role"] not in ROLES:
-            raise DataError(f"{where}: messages[{i}].role must be one of {', '.join(ROLES)}, "
-                            f"got {m['role']!r}")
-        if not isinstance(m["content"], str):
-            raise DataError(f"{where}: messages[{i}].content must be a string, got "
-                            f"{type(m['content']).__name__}")
-        out.append({"role": m["role"], "content": m["content"]})
+        if not isinstance(m, dict) or role not in m or text not in m:
+            raise DataError(f"{where}: {key}[{i}] must be an object with '{role}' and '{text}'")
+        if not isinstance(m[role], str) or m[role] not in roles:
+            raise DataError(f"{where}: {key}[{i}].{role} must be one of {', '.join(roles)}, "
+                            f"got {m[role]!r}")
+        if not isinstance(m[text], str):
+            raise DataError(f"{where}: {key}[{i}].{text} must be a string, got "
+                            f"{type(m[text]).__name__}")
+        out.append({"role": roles[m[role]], "content": m[text]})
     if not any(m["role"] == "assistant" for m in out):
-        raise DataError(f"{where}: 'messages' has no assistant message to train on")
+        raise DataError(f"{where}: '{key}' has no assistant message to train on")
     return out
+
+
+def _conversations(record: dict, where: str) -> list[dict]:
+    """A ShareGPT record's turns as chat messages: {"from", "value"} turns, or {"role",
+    "content"} ones (as Unsloth's standardize_sharegpt leaves them)."""
+    turns = record.get("conversations")
+    first = turns[0] if isinstance(turns, list) and turns else None
+    names = ("role", "content") if isinstance(first, dict) and "from" not in first \
+        and "role" in first else ("from", "value")
+    return _messages(record, where, "conversations", names, SHAREGPT_ROLES)
 
 
 def normalize(record: dict, fmt: str, where: str) -> tuple:
     """Check a record and return ("text", text), ("completion", prompt, completion) or
-    ("chat", messages); alpaca records become a user/assistant chat."""
+    ("chat", messages); alpaca records become a user/assistant chat, ShareGPT ones a chat."""
     if fmt == "text":
         return ("text", _string(record, "text", where, fmt))
     if fmt == "completion":
@@ -72,4 +93,6 @@ def normalize(record: dict, fmt: str, where: str) -> tuple:
                          {"role": "assistant", "content": output}])
     if fmt == "chat":
         return ("chat", _messages(record, where))
+    if fmt == "sharegpt":
+        return ("chat", _conversations(record, where))
     raise DataError(f"{where}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
