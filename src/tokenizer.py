@@ -176,20 +176,22 @@ class Tokenizer:
             segments.append((text[pos:], False))
         return segments
 
-    def chat_token_masks(self, messages) -> tuple[list[int], list[bool]]:
-        """Token ids of the rendered conversation and which of them belong to responses."""
-        text, spans = self._response_spans(messages)
+    def chat_token_masks(self, messages, untrained=()) -> tuple[list[int], list[bool]]:
+        """Token ids of the rendered conversation and which of them belong to responses: the
+        assistant messages, but those whose index is in `untrained`."""
+        text, spans = self._response_spans(messages, untrained)
         enc = self._tok.encode(text, add_special_tokens=False)
         mask = [any(s < e_tok and s_tok < e for s, e in spans) for s_tok, e_tok in enc.offsets]
         return list(enc.ids), mask
 
-    def _response_spans(self, messages) -> tuple[str, list[tuple[int, int]]]:
-        """Character spans of each assistant content (+ its end-of-turn token) in the text."""
+    def _response_spans(self, messages, untrained=()) -> tuple[str, list[tuple[int, int]]]:
+        """Character spans of each trained assistant content (+ its end-of-turn token) in the
+        text."""
         _check_messages(messages, self.source)
         full = self._render(messages, add_generation_prompt=False)
         spans = []
         for i, message in enumerate(messages):
-            if message["role"] != "assistant":
+            if message["role"] != "assistant" or i in untrained:
                 continue
             before = self._render(messages[:i], add_generation_prompt=True) if i else ""
             upto = self._render(messages[: i + 1], add_generation_prompt=False)

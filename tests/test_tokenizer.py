@@ -77,6 +77,29 @@ def test_masks_cover_only_responses(smol):
     assert "And Italy?" in prompt and "Paris" not in prompt
 
 
+@needs_smollm
+def test_openai_weight_0_messages_stay_out_of_the_loss(smol, tmp_path):
+    """OpenAI's fine-tuning format marks an assistant message that is context only with
+    "weight": 0; it was trained on like any other."""
+    data = tmp_path / "w.jsonl"
+    records = [[dict(DIALOG[1], weight=0)], [dict(DIALOG[1], weight=1)], [DIALOG[1]]]
+    data.write_text("".join(json.dumps({"messages": [DIALOG[0], *first, *DIALOG[2:]]}) + "\n"
+                            for first in records))
+    train, _, _ = build_datasets(DataConfig(train=str(data), val_size=0, shuffle=False), smol, 0)
+
+    def trained(row):
+        labels = row.labels.tolist()
+        return smol.decode([t for t in labels if t != -100])
+    assert [trained(row) for row in train] == ["Rome.<|im_end|>"] + \
+        ["Paris.<|im_end|>Rome.<|im_end|>"] * 2
+    assert train[0].input_ids.tolist() == train[1].input_ids.tolist()  # rendered the same
+    for bad in ("0", 0.5, None):
+        data.write_text(json.dumps({"messages": [DIALOG[0], dict(DIALOG[1], weight=bad)]}) + "\n")
+        with pytest.raises(DataError, match=r"w\.jsonl:1: messages\[1\]\.weight must be 0 "
+                                            r"\(not trained on\) or 1, got "):
+            build_datasets(DataConfig(train=str(data)), smol, 0)
+
+
 def _tiny_hf_tokenizer(tmp_path, config):
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers

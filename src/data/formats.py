@@ -66,6 +66,20 @@ def _messages(record: dict, where: str, key="messages", names=("role", "content"
     return out
 
 
+def _untrained(record: dict, where: str, key: str) -> frozenset:
+    """Indices of the messages whose "weight" is 0: OpenAI's fine-tuning format keeps such an
+    assistant message in the conversation but out of the loss (1, or no weight: trained)."""
+    out = set()
+    for i, m in enumerate(record[key]):
+        weight = m.get("weight", 1)
+        if isinstance(weight, str) or weight not in (0, 1):
+            raise DataError(f"{where}: {key}[{i}].weight must be 0 (not trained on) or 1, got "
+                            f"{weight!r}")
+        if weight == 0:
+            out.add(i)
+    return frozenset(out)
+
+
 def _conversations(record: dict, where: str) -> list[dict]:
     """A ShareGPT record's turns as chat messages: {"from", "value"} turns, or {"role",
     "content"} ones (as Unsloth's standardize_sharegpt leaves them)."""
@@ -78,7 +92,8 @@ def _conversations(record: dict, where: str) -> list[dict]:
 
 def normalize(record: dict, fmt: str, where: str) -> tuple:
     """Check a record and return ("text", text), ("completion", prompt, completion) or
-    ("chat", messages); alpaca records become a user/assistant chat, ShareGPT ones a chat."""
+    ("chat", messages[, untrained]); alpaca records become a user/assistant chat, ShareGPT ones
+    a chat. `untrained`: the indices of messages with weight 0 (kept out of the loss)."""
     if fmt == "text":
         return ("text", _string(record, "text", where, fmt))
     if fmt == "completion":
@@ -91,8 +106,9 @@ def normalize(record: dict, fmt: str, where: str) -> tuple:
         user = instruction + "\n\n" + extra if extra else instruction
         return ("chat", [{"role": "user", "content": user},
                          {"role": "assistant", "content": output}])
-    if fmt == "chat":
-        return ("chat", _messages(record, where))
-    if fmt == "sharegpt":
-        return ("chat", _conversations(record, where))
+    if fmt in ("chat", "sharegpt"):
+        key = _KEYS[fmt][0]
+        messages = _messages(record, where) if fmt == "chat" else _conversations(record, where)
+        untrained = _untrained(record, where, key)
+        return ("chat", messages, untrained) if untrained else ("chat", messages)
     raise DataError(f"{where}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
