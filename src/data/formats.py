@@ -36,12 +36,12 @@ def _string(record: dict, key: str, where: str, fmt: str, required: bool = True)
     return value
 
 
-def _messages(record: dict, where: str, key="messages", names=("role", "content"),
+def _messages(record: dict, where: str, fmt="chat", names=("role", "content"),
               roles=None) -> list[dict]:
-    """A chat's messages, checked: `key` holds a list of objects with the fields `names` (a
-    role and a text); `roles` maps the record's role names to chat roles (None: ROLES as they
-    are)."""
-    fmt = "chat" if key == "messages" else "sharegpt"
+    """A chat's messages, checked: the format's key holds a list of objects with the fields
+    `names` (a role and a text); `roles` maps the record's role names to chat roles (None:
+    ROLES as they are)."""
+    key = _KEYS[fmt][0]
     if key not in record:
         raise DataError(f"{where}: missing key '{key}' (format '{fmt}')")
     messages = record[key]
@@ -66,10 +66,10 @@ def _messages(record: dict, where: str, key="messages", names=("role", "content"
     return out
 
 
-def _untrained(record: dict, where: str, key: str) -> frozenset:
+def _untrained(record: dict, where: str, fmt: str) -> frozenset:
     """Indices of the messages whose "weight" is 0: OpenAI's fine-tuning format keeps such an
     assistant message in the conversation but out of the loss (1, or no weight: trained)."""
-    out = set()
+    key, out = _KEYS[fmt][0], set()
     for i, m in enumerate(record[key]):
         weight = m.get("weight", 1)
         if isinstance(weight, str) or weight not in (0, 1):
@@ -87,7 +87,7 @@ def _conversations(record: dict, where: str) -> list[dict]:
     first = turns[0] if isinstance(turns, list) and turns else None
     names = ("role", "content") if isinstance(first, dict) and "from" not in first \
         and "role" in first else ("from", "value")
-    return _messages(record, where, "conversations", names, SHAREGPT_ROLES)
+    return _messages(record, where, "sharegpt", names, SHAREGPT_ROLES)
 
 
 def normalize(record: dict, fmt: str, where: str) -> tuple:
@@ -107,8 +107,7 @@ def normalize(record: dict, fmt: str, where: str) -> tuple:
         return ("chat", [{"role": "user", "content": user},
                          {"role": "assistant", "content": output}])
     if fmt in ("chat", "sharegpt"):
-        key = _KEYS[fmt][0]
         messages = _messages(record, where) if fmt == "chat" else _conversations(record, where)
-        untrained = _untrained(record, where, key)
+        untrained = _untrained(record, where, fmt)
         return ("chat", messages, untrained) if untrained else ("chat", messages)
     raise DataError(f"{where}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
