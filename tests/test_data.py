@@ -175,6 +175,32 @@ def test_sharegpt_records_train_as_the_same_chat(tmp_path):
     assert records[0][:2] == ([{"role": "user", "content": "1+2"}], "3")
 
 
+def test_a_json_array_of_records_reads_as_jsonl(tmp_path):
+    """A file that is one JSON array of records (Stanford Alpaca's alpaca_data.json, many
+    exports) was a "bad JSON" at its first line; its records are read in order, errors naming
+    the file's line or the record's index."""
+    records = [{"instruction": "Add", "input": "1 2", "output": "3"},
+               {"instruction": "Hi", "input": "", "output": "yo"}]
+    lines = load(tmp_path, records)
+    for text in (json.dumps(records, indent=4), "\n" + json.dumps(records),
+                 "\ufeff" + json.dumps(records)):
+        (tmp_path / "a.json").write_text(text, encoding="utf-8")
+        array = load_dataset(tmp_path / "a.json", TOK, DataConfig(train="a.json"))
+        assert [e.input_ids.tolist() for e in array] == [e.input_ids.tolist() for e in lines]
+        assert [e.labels.tolist() for e in array] == [e.labels.tolist() for e in lines]
+    for text, words in [(json.dumps(records, indent=4)[:-10], r"a\.json:10: bad JSON: "
+                                                              "Unterminated string"),
+                        (json.dumps([*records, 3]), r"a\.json\[2\]: expected a JSON object, "
+                                                    "got int"),
+                        (json.dumps([records[0], {"x": 1}]), r"a\.json\[1\]: missing key "
+                                                             "'instruction'")]:
+        (tmp_path / "a.json").write_text(text)
+        with pytest.raises(DataError, match=words):
+            load_dataset(tmp_path / "a.json", TOK, DataConfig(train="a.json"))
+    with pytest.raises(DataError, match=r"d\.jsonl:2: expected a JSON object, got list"):
+        load(tmp_path, [records[0], "[1]"])  # a list on a later line is still a bad record
+
+
 def test_explicit_format_and_auto_detection_errors(tmp_path):
     with pytest.raises(DataError, match=r"d\.jsonl:1: missing key 'completion'"):
         load(tmp_path, [{"prompt": "x", "text": "y"}], format="completion")

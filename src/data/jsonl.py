@@ -1,4 +1,6 @@
-"""Reading JSONL files line by line, with errors that name `file:line`."""
+"""Reading record files, with errors that name `file:line`: JSONL line by line, or a file
+that is one JSON array of records (`[{...}, {...}]`, as Stanford Alpaca's alpaca_data.json is
+published), read whole."""
 from __future__ import annotations
 
 import json
@@ -11,24 +13,35 @@ BOM = b"\xef\xbb\xbf"
 
 
 def read_jsonl(path, name: str | None = None) -> Iterator[tuple[str, dict]]:
-    """Yield (`name:line`, record) for every non-blank line; each record must be an object."""
+    """Yield (`name:line`, record) for every non-blank line, or (`name[i]`, record) for every
+    item of a file that is one JSON array; each record must be an object."""
     name = name or str(path)
     p = Path(path)
     if p.is_dir():
         raise DataError(f"{name}: a folder, not a JSONL file")
     if not p.is_file():
         raise DataError(f"{name}: dataset file not found")
+    started = False
     with p.open("rb") as f:  # bytes, decoded line by line: an error names its own line
         for lineno, raw in enumerate(f, start=1):
-            if lineno == 1 and raw.startswith(BOM):  # Windows editors start with a BOM
-                raw = raw[len(BOM):]
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(f"{name}:{lineno}: not valid UTF-8 ({exc.reason})") from None
+            line = _decoded(raw[len(BOM):] if lineno == 1 and raw.startswith(BOM) else raw,
+                            f"{name}:{lineno}")  # Windows editors start with a BOM
             if not line.strip():
                 continue
+            if not started and line.lstrip().startswith("["):
+                break  # one JSON array, not a record per line
+            started = True
             yield _record(f"{name}:{lineno}", line)
+        else:
+            return
+    yield from _array(p, name)
+
+
+def _decoded(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not valid UTF-8 ({exc.reason})") from None
 
 
 def _record(where: str, line: str) -> tuple[str, dict]:
@@ -37,6 +50,24 @@ def _record(where: str, line: str) -> tuple[str, dict]:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise DataError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from None
+    return _object(where, record)
+
+
+def _object(where: str, record) -> tuple[str, dict]:
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
     return where, record
+
+
+def _array(p: Path, name: str) -> Iterator[tuple[str, dict]]:
+    """The records of a file that is one JSON array (read whole: its JSON text, then its
+    objects, are in memory together)."""
+    raw = p.read_bytes()
+    text = _decoded(raw[len(BOM):] if raw.startswith(BOM) else raw, name)
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{name}:{exc.lineno}: bad JSON: {exc.msg} (column {exc.colno})") \
+            from None
+    for i, record in enumerate(records):
+        yield _object(f"{name}[{i}]", record)
