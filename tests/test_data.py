@@ -175,7 +175,7 @@ def test_sharegpt_records_train_as_the_same_chat(tmp_path):
     assert records[0][:2] == ([{"role": "user", "content": "1+2"}], "3")
 
 
-def test_a_json_array_of_records_reads_as_jsonl(tmp_path):
+def test_json_arrays_are_read_and_tables_say_how_to_convert(tmp_path):
     """A file that is one JSON array of records (Stanford Alpaca's alpaca_data.json, many
     exports) was a "bad JSON" at its first line; its records are read in order, errors naming
     the file's line or the record's index."""
@@ -199,6 +199,15 @@ def test_a_json_array_of_records_reads_as_jsonl(tmp_path):
             load_dataset(tmp_path / "a.json", TOK, DataConfig(train="a.json"))
     with pytest.raises(DataError, match=r"d\.jsonl:2: expected a JSON object, got list"):
         load(tmp_path, [records[0], "[1]"])  # a list on a later line is still a bad record
+    # a table was read as text: "not valid UTF-8" (Parquet) or "bad JSON" (CSV) at line 1
+    for name, call in [("t.parquet", r"pandas\.read_parquet\('t\.parquet'\)\.to_json\("
+                                     r"'t\.jsonl', orient='records', lines=True\)"),
+                       ("t.CSV", r"pandas\.read_csv\('t\.CSV'\)"),
+                       ("t.arrow", r"datasets\.Dataset\.from_file\('t\.arrow'\)")]:
+        (tmp_path / name).write_bytes(b"PAR1\x00\x15" if name.endswith("parquet") else b"a,b\n")
+        with pytest.raises(DataError, match=rf"{name}: a \.\w+ table; packlora reads JSONL "
+                                            rf"records .*convert it first, e\.g\. {call}"):
+            load_dataset(tmp_path / name, TOK, DataConfig(train=name))
 
 
 def test_explicit_format_and_auto_detection_errors(tmp_path):

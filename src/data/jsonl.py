@@ -10,6 +10,12 @@ from pathlib import Path
 from ..errors import DataError
 
 BOM = b"\xef\xbb\xbf"
+# tables datasets are also published as (Hugging Face's Parquet exports, its cache's Arrow
+# files, CSV), and a call that writes one as JSONL records
+_PANDAS = "pandas.{}('{{src}}').to_json('{{out}}', orient='records', lines=True)"
+CONVERT = {".parquet": _PANDAS.format("read_parquet"), ".csv": _PANDAS.format("read_csv"),
+           ".tsv": _PANDAS.format("read_table"), ".feather": _PANDAS.format("read_feather"),
+           ".arrow": "datasets.Dataset.from_file('{src}').to_json('{out}')"}
 
 
 def read_jsonl(path, name: str | None = None) -> Iterator[tuple[str, dict]]:
@@ -21,6 +27,10 @@ def read_jsonl(path, name: str | None = None) -> Iterator[tuple[str, dict]]:
         raise DataError(f"{name}: a folder, not a JSONL file")
     if not p.is_file():
         raise DataError(f"{name}: dataset file not found")
+    if p.suffix.lower() in CONVERT:
+        how = CONVERT[p.suffix.lower()].format(src=p.name, out=f"{p.stem}.jsonl")
+        raise DataError(f"{name}: a {p.suffix} table; packlora reads JSONL records (or one JSON "
+                        f"array of them): convert it first, e.g. {how}")
     started = False
     with p.open("rb") as f:  # bytes, decoded line by line: an error names its own line
         for lineno, raw in enumerate(f, start=1):
