@@ -111,7 +111,7 @@ def _room(model, id_lists, names, max_new_tokens):
 
 
 def _decode_loop(model, batch, cache, outs, done, names, max_new_tokens, temperature, top_p,
-                  top_k, rng, eos_ids, stop, pad_id):
+                 top_k, rng, eos_ids, stop, pad_id):
     tok = model.tokenizer
     with without_autodiff():
         logits = model.next_logits(batch, cache)  # (B, V)
