@@ -14,8 +14,8 @@ class EvalRecord(NamedTuple):
 
 
 def read_eval_records(path):
-    """[EvalRecord] of a JSONL file, checked as training checks it: a chat (or
-    alpaca) record's last message is the answer and the messages before it the prompt; a
+    """[EvalRecord] of a JSONL file, checked as training checks it: a chat (or alpaca, or
+    ShareGPT) record's last message is the answer and the messages before it the prompt; a
     completion record's prompt is plain text, generated from as it is trained (no template)."""
     out = []
     for where, record in read_jsonl(path):
