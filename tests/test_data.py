@@ -32,13 +32,13 @@ class FakeTokenizer:
     def decode(self, ids):
         return "".join(chr(i) if i >= 32 or i == 10 else f"<{i}>" for i in ids)
 
-    def chat_token_masks(self, messages):
+    def chat_token_masks(self, messages, untrained=()):
         ids, mask = [], []
-        for m in messages:
+        for i, m in enumerate(messages):
             head = [START] + self.encode(m["role"] + "\n")
             body = self.encode(m["content"]) + [END]
             tail = self.encode("\n")
-            answer = m["role"] == "assistant"
+            answer = m["role"] == "assistant" and i not in untrained
             ids += head + body + tail
             mask += [False] * len(head) + [answer] * len(body) + [False] * len(tail)
         return ids, mask

@@ -92,7 +92,7 @@ def _conversations(record: dict, where: str) -> list[dict]:
 
 def normalize(record: dict, fmt: str, where: str) -> tuple:
     """Check a record and return ("text", text), ("completion", prompt, completion) or
-    ("chat", messages[, untrained]); alpaca records become a user/assistant chat, ShareGPT ones
+    ("chat", messages, untrained); alpaca records become a user/assistant chat, ShareGPT ones
     a chat. `untrained`: the indices of messages with weight 0 (kept out of the loss)."""
     if fmt == "text":
         return ("text", _string(record, "text", where, fmt))
@@ -105,9 +105,8 @@ def normalize(record: dict, fmt: str, where: str) -> tuple:
         output = _string(record, "output", where, fmt)
         user = instruction + "\n\n" + extra if extra else instruction
         return ("chat", [{"role": "user", "content": user},
-                         {"role": "assistant", "content": output}])
+                         {"role": "assistant", "content": output}], frozenset())
     if fmt in ("chat", "sharegpt"):
         messages = _messages(record, where) if fmt == "chat" else _conversations(record, where)
-        untrained = _untrained(record, where, fmt)
-        return ("chat", messages, untrained) if untrained else ("chat", messages)
+        return ("chat", messages, _untrained(record, where, fmt))
     raise DataError(f"{where}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")

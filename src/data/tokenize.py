@@ -34,8 +34,7 @@ def tokens_and_mask(item: tuple, tokenizer, train_on_inputs: bool,
         answer = list(tokenizer.encode(item[2], add_special_tokens=False)) + eos
         return prompt + answer, [train_on_inputs] * len(prompt) + [True] * len(answer)
     try:
-        untrained = {"untrained": item[2]} if len(item) > 2 else {}  # weight 0 messages
-        ids, is_response = tokenizer.chat_token_masks(item[1], **untrained)
+        ids, is_response = tokenizer.chat_token_masks(item[1], item[2])  # weight 0: untrained
     except DataError as e:  # the template refused this record (raise_exception, a bad key)
         raise DataError(f"{where}: {e}" if where else str(e)) from None
     ids, is_response = list(ids), [bool(r) for r in is_response]

@@ -22,8 +22,9 @@ def output_dir_lock(output_dir, held=True):
     MPI rank other than 0, which writes nothing there). Where the path is taken by a file, or
     the file system has no locks, the block runs without one."""
     out = Path(output_dir)
+    held = held and fcntl is not None
     made = _make(out) if held else []
-    fd = _lock(out) if held and fcntl is not None and out.is_dir() else None
+    fd = _lock(out) if held and out.is_dir() else None
     try:
         yield
     finally:
