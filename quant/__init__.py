@@ -1,5 +1,5 @@
-"""packlora.quant: the format registry (NF4, FP4, INT8, GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and the
-K-quants Q2_K..Q6_K), numpy reference codecs and PackedWeight."""
+"""packlora.quant: the format registry (NF4, FP4, INT8, GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, the
+K-quants Q2_K..Q6_K, F16/BF16 and IQ4_NL/IQ4_XS), numpy reference codecs and PackedWeight."""
 from .blockwise import dequantize_absmax
 from .codebooks import DYNAMIC_MAP, FP4_CODE, NF4_CODE
 from .formats import (

@@ -1,4 +1,5 @@
-"""Code tables of the bitsandbytes formats: NF4, FP4 (E2M1) and the signed 8-bit dynamic map."""
+"""Code tables: the bitsandbytes formats' NF4, FP4 (E2M1) and 8-bit dynamic maps, and the
+values of GGUF's IQ4_NL / IQ4_XS codes."""
 import numpy as np
 
 _F32 = np.float32
@@ -67,10 +68,16 @@ def _create_dynamic_map(signed=True):
     return table
 
 
+# IQ4_NL / IQ4_XS: the 16 int8 values a 4-bit code stands for (ggml's kvalues_iq4nl in
+# ggml-common.h), scaled by the block's fp16 d (IQ4_XS: times its 6-bit sub-block scale - 32).
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      dtype=np.int8)
+
 DYNAMIC_MAP = _create_dynamic_map()
 # The unsigned map bitsandbytes' 8-bit optimizers keep Adam's second moment in.
 DYNAMIC_MAP_UNSIGNED = _create_dynamic_map(signed=False)
 DYNAMIC_MAP.setflags(write=False)
 DYNAMIC_MAP_UNSIGNED.setflags(write=False)
-for _table in (NF4_CODE, NF4_PIVOTS, FP4_CODE, FP4_PIVOTS, FP4_RANK_TO_CODE):
+for _table in (NF4_CODE, NF4_PIVOTS, FP4_CODE, FP4_PIVOTS, FP4_RANK_TO_CODE, IQ4_VALUES):
     _table.setflags(write=False)
+

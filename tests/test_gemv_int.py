@@ -17,7 +17,8 @@ from packlora.quant import REGISTRY, quantize
 
 from gguf_blocks import random_packed
 
-GGML = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+GGML = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+        "iq4_nl", "iq4_xs"]
 TABLES = ("nf4", "fp4")
 _FEATS = llb.get_host_cpu_features()
 
@@ -115,7 +116,7 @@ def _usable(variant):
 
 
 @pytest.mark.parametrize("variant", ["vnni", "avx2", "generic"])
-@pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q6_k", "q4_k", "nf4"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q6_k", "q4_k", "nf4", "iq4_xs"])
 def test_product_variants(variant, fmt):
     if not _usable(variant):
         pytest.skip(f"this CPU lacks {variant}")

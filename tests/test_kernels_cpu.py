@@ -37,18 +37,22 @@ CASES = [
     ("q4_k", None, None, [(7, 512), (1, 256)]),
     ("q5_k", None, None, [(5, 256)]),
     ("q6_k", None, None, [(7, 512), (1, 256)]),
+    # 4-bit codes in IQ4's table: blocks of 32, super-blocks of 256 (random blocks)
+    ("iq4_nl", None, None, [(7, 96), (1, 32)]),
+    ("iq4_xs", None, None, [(7, 512), (1, 256)]),
     # 16-bit floats kept in 16 bits (subnormal halves in row 0, zeros in row 1)
     ("f16", None, None, [(7, 96), (1, 32)]),
     ("bf16", None, None, [(7, 96), (3, 64)]),
 ]
-KQUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
+# formats not quantized from float here: their weights are random blocks (gguf_blocks.py)
+RANDOM_BLOCKS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs")
 PARAMS = [(f, dq, bs, s) for f, dq, bs, shapes in CASES for s in shapes]
 MS = (1, 7, 12, 64, 300)  # fused (gemv at M = 1), then tiled from M = 12
 
 
 def _weight(fmt, dq, bs, shape, seed=0):
     rng = np.random.default_rng(seed)
-    if fmt in KQUANTS:
+    if fmt in RANDOM_BLOCKS:
         return random_packed(fmt, *shape, rng)
     w = rng.standard_normal(shape).astype(np.float32)
     w[0, : min(shape[1], 32)] *= 1e-5  # GGUF: fp16 scales that are subnormal

@@ -23,6 +23,7 @@ VALUES = ("q4_0",   # 16 bytes: value j in the low nibble of byte j, j + 16 in t
           "q5",     # q4 nibbles + bit j of the uint32 at high_at as bit 4 of value j, - offset
           "i8",     # 32 signed bytes
           "tab4",   # 16 bytes: value 2i in the high nibble of byte i, 2i+1 in the low; a table
+          "iq4",    # q4's 16 bytes, each code looked up in the format's table (IQ4_NL, IQ4_XS)
           "planes",  # K-quants: value l = (byte l >> plane) & (2^code_bits - 1) of 32 bytes, or'd
 #                     with high_bits bits of byte l at high_at (>> high_shift) above, - offset
           "f16",     # 32 little-endian IEEE halves (64 bytes)
@@ -36,8 +37,10 @@ SCALES = ("f16",      # the block header's fp16 d
           "k6",       # Q6_K: d * int8 scale, one per 16 lanes
           "k2",       # Q2_K: d * (s & 15) - dmin * (s >> 4), a byte s per 16 lanes
           "k3",       # Q3_K: d * (sc - 32), 6-bit sc per 16 lanes packed in 12 bytes
+          "iq4_xs",   # IQ4_XS: d * (sc - 32), 6-bit sc per 32 lanes: high bits in a uint16,
+#                       low nibbles in the 4 bytes after it
           "one")      # none: the values are the weights (F16, BF16)
-KQ_SCALES = ("k4", "k6", "k2", "k3")  # the K-quants': packed sub-block scales
+KQ_SCALES = ("k4", "k6", "k2", "k3", "iq4_xs")  # packed sub-block scales of super-blocks
 
 
 @dataclass(frozen=True)
@@ -107,12 +110,19 @@ def q5_layout(name, scale):
                        lay.scale_at, lay.min_at, offset=16 if lay.min_at is None else 0)
 
 
-def _kquant(name, scale, chunk, **kw):
+def _kquant(name, scale, chunk, values="planes", **kw):
     """A 256-value super-block as eight chunks; chunk(j, layout) places chunk j."""
     lay = REGISTRY[name].layout
     assert lay.elems == 8 * LANES, f"{name}: blocks of {lay.elems}"
-    return ChunkLayout("planes", scale, lay.nbytes, tuple(chunk(j, lay) for j in range(8)),
+    return ChunkLayout(values, scale, lay.nbytes, tuple(chunk(j, lay) for j in range(8)),
                        lay.scale_at, lay.min_at, lay.sub_scales_at, **kw)
+
+
+def iq4_xs_layout():
+    """IQ4_XS: eight chunks of IQ4_NL's 16 code bytes in a row, a 6-bit scale each
+    (quant/iquants.py)."""
+    return _kquant("iq4_xs", "iq4_xs", lambda j, L: Chunk(L.codes_at + 16 * j, sub_scales=(j,)),
+                   values="iq4")
 
 
 def kquant_layouts():

@@ -17,7 +17,7 @@ TILE_CHUNKS = 64
 #       block_shift)
 #   u8: nf4/fp4 codes or ggml block bytes; i8: int8 codes; f32: absmax (blockwise formats);
 #   pair: (256, 2) float32 nf4/fp4 codebook values of a byte's (high, low) nibbles, for the scalar
-#   decoder; tab: the 16 nf4/fp4 codebook values, for the SIMD one (zeros for the other formats);
+#   decoder; tab: the 16 nf4/fp4/IQ4 codebook values, for the SIMD one (zeros for the others);
 #   shift: log2(block_size / 32); kind: the SIMD chunk kind (simd.py); block_bytes: bytes per
 #   ggml block (0 for the flat formats); block_shift: log2(block_size).
 

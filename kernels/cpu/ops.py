@@ -31,8 +31,8 @@ _TABLES = {}
 
 
 def _codebook_tables(entry):
-    """(pair, tab) of a table format (nf4/fp4), built once: pair (256, 2) float32 holds a byte's
-    (high, low) nibble values, tab (16,) the codebook itself."""
+    """(pair, tab) of a table format (nf4/fp4, IQ4), built once: pair (256, 2) float32 holds a
+    byte's (high, low) nibble values, tab (16,) the codebook itself."""
     if entry.name not in _TABLES:
         code = np.asarray(entry.codebook, dtype=np.float32)
         byte = np.arange(256)
@@ -64,11 +64,12 @@ def _build_args(w):
     dq = bool(getattr(w, "double_quant", False))
     u8, i8, f32, pair, tab = _U8, _I8, _F32, _PAIR0, _TAB0
     aq, acode, ascale, aoff = _U8, _F32, _F32, _F32
+    if entry.codebook is not None:  # nf4 / fp4, and the ggml table formats (IQ4_NL, IQ4_XS)
+        pair, tab = _codebook_tables(entry)
     if entry.storage != FLAT:
         u8 = _flat(w, "blocks")
     elif entry.codebook is not None:
         u8 = _flat(w, "codes")
-        pair, tab = _codebook_tables(entry)
     else:
         i8 = _flat(w, "codes")
     if dq:

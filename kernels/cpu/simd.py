@@ -21,8 +21,8 @@ from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 from . import simd_ir as irb
-from .chunks import (KQ_SCALES, LANES, flat_layout, ggml_layout, half_layout, kquant_layouts,
-                     q5_layout)
+from .chunks import (KQ_SCALES, LANES, flat_layout, ggml_layout, half_layout, iq4_xs_layout,
+                     kquant_layouts, q5_layout)
 from .simd_values import half_values, plane_codes, q5_codes, sub_scale_min, to_float
 
 # Chunk kinds (how 32 consecutive values are stored): indices into LAYOUTS.
@@ -33,18 +33,21 @@ I8 = 5      # 32 signed bytes, absmax / 127
 Q5_0, Q5_1 = 6, 7  # ggml 5-bit blocks of 32
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 8, 9, 10, 11, 12  # K-quant super-blocks of 256: eight chunks
 F16, BF16 = 13, 14  # 16-bit floats as stored, no scale
+IQ4_NL, IQ4_XS = 15, 16  # q4 nibbles looked up in a 16-value table: blocks of 32, of 256
 _KQ = kquant_layouts()
 LAYOUTS = (ggml_layout("q4_0", "q4_0", "f16"), ggml_layout("q4_1", "q4", "f16_min"),
            ggml_layout("q8_0", "i8", "f16"), flat_layout("nf4", "tab4", "absmax"),
            flat_layout("nf4", "tab4", "absmax_dq"), flat_layout("int8", "i8", "absmax_127"),
            q5_layout("q5_0", "f16"), q5_layout("q5_1", "f16_min"),
            *(_KQ[n] for n in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")),
-           half_layout("f16"), half_layout("bf16"))
+           half_layout("f16"), half_layout("bf16"), ggml_layout("iq4_nl", "iq4", "f16"),
+           iq4_xs_layout())
 KINDS = tuple(range(len(LAYOUTS)))
 # The chunk kind each format of the registry is walked as (TAB4 turns TAB4DQ with double quant).
 FORMAT_KINDS = {"q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0, "nf4": TAB4, "fp4": TAB4, "int8": I8,
                 "q5_0": Q5_0, "q5_1": Q5_1, "q2_k": Q2_K, "q3_k": Q3_K, "q4_k": Q4_K,
-                "q5_k": Q5_K, "q6_k": Q6_K, "f16": F16, "bf16": BF16}
+                "q5_k": Q5_K, "q6_k": Q6_K, "f16": F16, "bf16": BF16, "iq4_nl": IQ4_NL,
+                "iq4_xs": IQ4_XS}
 DECODE, DOT, AXPY = 0, 1, 2
 
 
@@ -121,8 +124,9 @@ def _values(b, lay, chunk, codes, head, tab, variant):
     if lay.values in ("f16", "bf16"):
         return half_values(b, lay.values, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at),
                                                   irb.I8))
-    q = b.zext(tab4_indices(b, chunk, codes, head), ir.VectorType(irb.I32, LANES))
-    return _lookup(b, q, tab, variant)
+    idx = iq4_indices(b, chunk, codes, head) if lay.values == "iq4" else \
+        tab4_indices(b, chunk, codes, head)
+    return _lookup(b, b.zext(idx, ir.VectorType(irb.I32, LANES)), tab, variant)
 
 
 def tab4_indices(b, chunk, codes, head):
@@ -131,6 +135,13 @@ def tab4_indices(b, chunk, codes, head):
     lo, hi = irb.nibbles(b, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8))
     inter = [j // 2 + (0 if j % 2 == 0 else 16) for j in range(32)]  # high nibble first
     return b.shuffle_vector(hi, lo, irb.mask(inter))
+
+
+def iq4_indices(b, chunk, codes, head):
+    """<32 x i8> table indices of an IQ4 chunk: ggml's nibble order, value j in the low nibble
+    of byte j, j + 16 in the high."""
+    lo, hi = irb.nibbles(b, irb.ptr(b, codes, irb.plus(b, head, chunk.codes_at), irb.I8))
+    return b.shuffle_vector(lo, hi, irb.mask(range(LANES)))
 
 
 def scale_min(b, lay, chunk, src, head, blk):
@@ -195,7 +206,7 @@ def _body(context, b, op, lay, variant, pkty, pk, cb, nch, g0, sh, a, vdata, vo)
     layout, each block's chunks unrolled at constant offsets; returns the dot (0 otherwise)."""
     src = sources(context, b, pkty, pk, lay)
     table = irb.load(b, irb.member(context, b, pkty, pk, 12), ir.VectorType(irb.F32, 16), 4) \
-        if lay.values == "tab4" else None
+        if lay.values in ("tab4", "iq4") else None
     zero = ir.Constant(irb.VF, [0.0] * LANES)
     accp, minp = (cgutils.alloca_once_value(b, zero) for _ in range(2))
     cpb = len(lay.chunks)

@@ -10,7 +10,8 @@ each chunk of the row multiplies its codes with xq in 8-bit integers, four produ
 sc per lane is the chunk's scale (one, or one per 16 lanes for the K-quants' sub-blocks), s_c
 the sum of x's quantized values dx_c * xq(c, l) (per sub-block where mins are). Codes come from
 the same chunk model as the float walker (simd.chunk_codes); nf4 / fp4 look their nibbles up
-in their 16-entry table rounded to 8 bits (TAB_Q), F16 / BF16 stay with the float walker.
+in their 16-entry table rounded to 8 bits (TAB_Q), IQ4_NL / IQ4_XS in theirs, whose values are
+int8 already; F16 / BF16 stay with the float walker.
 The products: AVX-512 VNNI / AVX-VNNI
 `vpdpbusd` (u8 x s8), else AVX2 `pmaddubsw` + `pmaddwd`, else plain vector IR. Signed bytes
 (Q8_0, int8) go through |w| and x with w's sign, as u8 x s8 needs (|w| <= 128 and |xq| <= 127
@@ -23,9 +24,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...quant import REGISTRY
+from ...quant.registry import FLAT
 from . import simd_ir as irb
 from .chunks import KQ_SCALES, LANES
-from .simd import LAYOUTS, chunk_codes, host_features, scale_min, sources, tab4_indices
+from .simd import (LAYOUTS, chunk_codes, host_features, iq4_indices, scale_min, sources,
+                   tab4_indices)
 from .simd_values import sub_scales
 
 # Floats of x's side per chunk (gemv_int.quantize_x): dx, dx * the sums of xq over lanes 0-15,
@@ -36,7 +39,7 @@ ACCS = 4
 # A table format's values (within [-1, 1]) as multiples of 1/TAB_Q: nf4's 16 values move by at
 # most 1/254 of the block's absmax, ~1/25 of nf4's own spacing.
 TAB_Q = 127.0
-_TABLES = [e.codebook for e in REGISTRY.values() if e.codebook is not None]
+_TABLES = [e.codebook for e in REGISTRY.values() if e.codebook is not None and e.storage == FLAT]
 assert all(max(map(abs, t)) <= 1.0 for t in _TABLES), \
     "a table format's values must lie within [-1, 1] to fit 8 bits as multiples of 1/TAB_Q"
 _V8I, _V8F = ir.VectorType(irb.I32, 8), ir.VectorType(irb.F32, 8)
@@ -45,8 +48,8 @@ _V32B = ir.VectorType(irb.I8, LANES)
 
 def int_layout(lay):
     """Whether the walker's integer dot takes chunks of this layout: integer codes, or a
-    16-entry table (nf4 / fp4) whose values it rounds to 8 bits (TAB_Q)."""
-    return lay.values in ("planes", "q5", "i8", "q4_0", "q4", "tab4")
+    16-entry table (nf4 / fp4, whose values it rounds to 8 bits (TAB_Q); IQ4's int8 values)."""
+    return lay.values in ("planes", "q5", "i8", "q4_0", "q4", "tab4", "iq4")
 
 
 INT_KINDS = tuple(k for k, lay in enumerate(LAYOUTS) if int_layout(lay))
@@ -107,18 +110,21 @@ def _scales(b, lay, chunk, src, head, blk):
     return [(sc, mn if lay.min_at is not None else None)]
 
 
-def _int_table(context, b, pkty, pk):
-    """The weight's 16 table values (pk's tab) times TAB_Q, rounded: <16 x i8>."""
+def _int_table(context, b, pkty, pk, lay):
+    """The weight's 16 table values (pk's tab) as <16 x i8>: nf4 / fp4's times TAB_Q, rounded;
+    IQ4's integers as they are."""
     v16f = ir.VectorType(irb.F32, 16)
     tab = irb.load(b, irb.member(context, b, pkty, pk, 12), v16f, 4)
-    scaled = b.fmul(tab, ir.Constant(v16f, [TAB_Q] * 16))
-    return b.fptosi(irb.call(b, "llvm.rint.v16f32", v16f, [scaled]), ir.VectorType(irb.I8, 16))
+    if lay.values == "tab4":
+        tab = irb.call(b, "llvm.rint.v16f32", v16f, [b.fmul(tab, ir.Constant(v16f,
+                                                                             [TAB_Q] * 16))])
+    return b.fptosi(tab, ir.VectorType(irb.I8, 16))
 
 
-def _table_values(b, chunk, codes, head, table, variant):
-    """<32 x i8> table values of a TAB4 chunk: a byte shuffle on x86 (pshufb looks up each
-    128-bit half in its own copy of the table), a tree of selects elsewhere."""
-    idx = tab4_indices(b, chunk, codes, head)
+def _table_values(b, lay, chunk, codes, head, table, variant):
+    """<32 x i8> table values of a TAB4 or IQ4 chunk: a byte shuffle on x86 (pshufb looks up
+    each 128-bit half in its own copy of the table), a tree of selects elsewhere."""
+    idx = (iq4_indices if lay.values == "iq4" else tab4_indices)(b, chunk, codes, head)
     if variant in ("vnni", "avx2"):
         both = b.shuffle_vector(table, table, irb.mask(list(range(16)) * 2))
         return irb.call(b, "llvm.x86.avx2.pshuf.b", _V32B, [both, idx])
@@ -134,8 +140,8 @@ def _xs(b, xsd, xc, k):
 def _chunk(b, lay, chunk, src, head, subs, xqd, xsd, xc, variant, accp, minp):
     """One chunk: the integer dot scaled into the <8 x float> accumulator, the min term into
     the scalar one. src: the weight's buffers (simd.sources) and its int8 table."""
-    if lay.values == "tab4":
-        q, offset, signed = _table_values(b, chunk, src[0], head, src[-1], variant), 0, True
+    if lay.values in ("tab4", "iq4"):
+        q, offset, signed = _table_values(b, lay, chunk, src[0], head, src[-1], variant), 0, True
     else:
         q, offset, signed = chunk_codes(b, lay, chunk, src[0], head)
     subs = _with_offset(b, subs, offset)
@@ -176,7 +182,7 @@ def _body(context, b, lay, variant, pkty, pk, cb, nch, g0, sh, xqd, xsd, c0):
     """The loop over the blocks of `nch` chunks for one chunk layout; returns the dot. Chunks
     go to ACCS accumulators in turn (one would wait on its fused multiply-add's latency), one-
     chunk blocks ACCS to an iteration, the rest one by one."""
-    table = _int_table(context, b, pkty, pk) if lay.values == "tab4" else None
+    table = _int_table(context, b, pkty, pk, lay) if lay.values in ("tab4", "iq4") else None
     src = (*sources(context, b, pkty, pk, lay), table)
     accs = [(cgutils.alloca_once_value(b, ir.Constant(_V8F, [0.0] * 8)),
              cgutils.alloca_once_value(b, ir.Constant(irb.F32, 0.0))) for _ in range(ACCS)]

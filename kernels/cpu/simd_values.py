@@ -102,6 +102,13 @@ def _k3(b, codes, at, i):
     return _or_high(b, low, _bits(b, _byte(b, codes, at, 8 + i % 4), 2 * (i // 4), 2), 4)
 
 
+def _iq4_xs(b, codes, at, i):
+    """IQ4_XS's 6-bit scale i (before its -32): bits 2i of the uint16 at `at` above nibble
+    i % 2 of byte at + 2 + i // 2."""
+    low = _bits(b, _byte(b, codes, at, 2 + i // 2), 4 * (i % 2), 4)
+    return _or_high(b, low, _bits(b, _byte(b, codes, at, i // 4), 2 * (i % 4), 2), 4)
+
+
 def _halves(b, lo, hi):
     """<32 x float>: lanes 0-15 lo, 16-31 hi."""
     return b.shuffle_vector(irb.splat(b, lo), irb.splat(b, hi),
@@ -124,9 +131,11 @@ def _per_sub(b, lay, chunk, codes, at, d, dmin):
         elif lay.scale == "k2":
             s = _byte(b, codes, at, i)
             sc, mn = _bits(b, s, 0, 4), _bits(b, s, 4, 4)
-        else:  # k3
+        elif lay.scale == "k3":
             sc, mn = b.sub(_k3(b, codes, at, i), ir.Constant(irb.I32, 32)), None
-        scale = b.fmul(d, _float(b, sc, signed=lay.scale in ("k6", "k3")))
+        else:  # iq4_xs
+            sc, mn = b.sub(_iq4_xs(b, codes, at, i), ir.Constant(irb.I32, 32)), None
+        scale = b.fmul(d, _float(b, sc, signed=lay.scale in ("k6", "k3", "iq4_xs")))
         out.append((scale, None if mn is None else b.fneg(b.fmul(dmin, _float(b, mn)))))
     return out
 

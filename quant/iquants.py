@@ -1,0 +1,59 @@
+"""GGUF/ggml IQ4_NL and IQ4_XS reference decoders: 4-bit codes looked up in a 16-value
+non-linear table (codebooks.IQ4_VALUES), numpy.
+
+  IQ4_NL  blocks of 32: fp16 d, then 16 bytes holding code j in the low nibble of byte j and
+          code j + 16 in the high one (Q4_0's order); x = d * IQ4_VALUES[q]
+  IQ4_XS  super-blocks of 256 in eight sub-blocks of 32: fp16 d, a little-endian uint16 holding
+          bits 4-5 of sub-block i's 6-bit scale at bits 2i, 4 bytes holding bits 0-3 (sub-block
+          i in nibble i % 2 of byte i // 2), then sub-block i's 32 codes in 16 bytes as IQ4_NL's;
+          x = d * (scale_i - 32) * IQ4_VALUES[q]
+
+ggml's block_iq4_nl / block_iq4_xs (ggml-common.h) and dequantize_row_iq4_* (ggml-quants.c)
+define them; the byte offsets are the format's registry layout. IQ4_XS's `sub_scales_at` is
+the uint16 of high bits, its 4 bytes of low bits follow it.
+"""
+import numpy as np
+
+from .codebooks import IQ4_VALUES
+from .ggml import fp16_from, row_dequantizer
+
+_F32 = np.float32
+_TABLE = IQ4_VALUES.astype(_F32)
+SUB_ELEMS = 32
+
+
+def _codes(qs):
+    """(..., 16n) bytes -> (..., n, 32) codes: sub-block i's code j in the low nibble of byte
+    16i + j, code j + 16 in its high nibble."""
+    qs = qs.reshape(*qs.shape[:-1], -1, 16)
+    return np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=-1)
+
+
+def iq4_xs_scales(blocks, at):
+    """(..., BPB) bytes -> (..., 8) int16 sub-block scales (the 6-bit scale - 32) of IQ4_XS,
+    whose high bits sit in the uint16 at byte `at` and low bits in the 4 bytes after it."""
+    high = blocks[..., at].astype(np.int16) | (blocks[..., at + 1].astype(np.int16) << 8)
+    low = blocks[..., at + 2:at + 6]
+    i = np.arange(8)
+    ls = (low[..., i // 2] >> np.uint8(4) * (i % 2).astype(np.uint8)) & np.uint8(15)
+    hs = (high[..., None] >> (2 * i).astype(np.int16)) & 3
+    return (ls.astype(np.int16) | (hs << 4)) - 32
+
+
+def _decode_iq4_nl(blocks, layout):
+    """(r, nb, 18) uint8 -> (r, nb, 32) float32."""
+    q = _codes(blocks[..., layout.codes_at:layout.codes_at + 16])[..., 0, :]
+    return fp16_from(blocks, layout.scale_at) * _TABLE[q]
+
+
+def _decode_iq4_xs(blocks, layout):
+    """(r, nb, 136) uint8 -> (r, nb, 256) float32."""
+    q = _codes(blocks[..., layout.codes_at:layout.codes_at + 128])              # (r, nb, 8, 32)
+    sc = iq4_xs_scales(blocks, layout.sub_scales_at).astype(_F32)                # (r, nb, 8)
+    d = (fp16_from(blocks, layout.scale_at) * sc)[..., None]                     # (r, nb, 8, 1)
+    return (d * _TABLE[q]).reshape(*blocks.shape[:-1], 8 * SUB_ELEMS)
+
+
+# -- the reference decoders of the registry (quant/registry.py) ---------------------------------
+dequantize_iq4_nl, dequantize_iq4_xs = (row_dequantizer(d) for d in (_decode_iq4_nl,
+                                                                      _decode_iq4_xs))
