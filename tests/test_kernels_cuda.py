@@ -14,8 +14,9 @@ VARIANTS = [("nf4", False), ("nf4", True), ("fp4", False), ("fp4", True), ("int8
             ("q4_0", False), ("q4_1", False), ("q8_0", False), ("q5_0", False), ("q5_1", False),
             ("f16", False), ("bf16", False)]
 SHAPES = [(1, 33, 96), (7, 64, 32), (9, 1, 96)]  # (M, N, K)
-# ggml super-blocks of 256 (random bytes with small fp16 scales: not quantized from float here)
-KQUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+# ggml super-blocks of 256 and IQ4's blocks (random bytes with small fp16 scales: not quantized
+# from float here)
+RANDOM_BLOCKS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
 KQUANT_SHAPES = [(3, 9, 512), (1, 5, 256)]
 # nf4/fp4/int8 only: blocks straddle rows, a tail block; odd numel (pad nibble), block 32; at
 # M = 3 a K the forward GEMV's runs do not divide (the tile kernel) and the backward's do.
@@ -48,7 +49,7 @@ def _cases():
         if fmt in ("nf4", "fp4", "int8"):
             for shape, bs in FLAT_SHAPES:
                 cases[f"{name}-{'x'.join(map(str, shape))}-bs{bs}"] = (fmt, dq, shape, bs, None)
-    for fmt in KQUANTS:
+    for fmt in RANDOM_BLOCKS:
         for shape in KQUANT_SHAPES:
             cases[f"{fmt}-{'x'.join(map(str, shape))}"] = (fmt, False, shape, None, None)
     for fmt, dq, shape, bs, tile in TILE_CASES:
@@ -71,7 +72,7 @@ def _rel_err(got, ref):
 
 def _sim_case(ops, Tile, quantize, rng, case):
     fmt, dq, (m, n, k), bs, tile = case
-    if fmt in KQUANTS:
+    if fmt in RANDOM_BLOCKS:
         w = random_packed(fmt, n, k, rng)
     else:
         w = quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, block_size=bs,
@@ -143,7 +144,7 @@ def _sim_gather(quantize, rng):
     rows = np.array([2, 0], dtype=np.int64)  # rows of two blocks each (the grid's y)
     errs["q8_0-k8192"] = _rel_err(gather_rows(w, rows, np.empty((2, 8192), np.float32)),
                                   w.dequantize()[rows])
-    for fmt in KQUANTS:  # against gguf-checked numpy decoders (quant/kquants.py)
+    for fmt in RANDOM_BLOCKS:  # against gguf-checked numpy decoders (kquants.py, iquants.py)
         w = random_packed(fmt, 9, 512, rng)
         rows = np.array([8, 0, 8, 5], dtype=np.int64)
         out = gather_rows(w, rows, np.empty((4, 512), np.float32))
@@ -191,7 +192,7 @@ def _sim_fold_case(ops, quantize, rng, case):
         if len(args) > 4:  # the tile's and the GEMV backward's (the GEMV forward does not split)
             folds.append(args[4])
         plain(build, grid, block, args, w, result)
-    w = random_packed(fmt, n, k, rng) if fmt in KQUANTS else quantize(
+    w = random_packed(fmt, n, k, rng) if fmt in RANDOM_BLOCKS else quantize(
         rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=dq)
     x = rng.standard_normal((m, k)).astype(np.float32)                   # (M, K)
     dy = rng.standard_normal((m, n)).astype(np.float32)                  # (M, N)
@@ -214,7 +215,7 @@ def _sim_wrows_bits(ops, quantize, rng):
     out, saved = {}, ops.gemv.BWD_ROWS
     try:
         for fmt, dq, (m, n, k), nparts in cases:
-            w = random_packed(fmt, n, k, rng) if fmt in KQUANTS else quantize(
+            w = random_packed(fmt, n, k, rng) if fmt in RANDOM_BLOCKS else quantize(
                 rng.standard_normal((n, k)).astype(np.float32), fmt, double_quant=dq)
             dy = rng.standard_normal((m, n)).astype(np.float32)          # (M, N)
             got = []
@@ -296,7 +297,7 @@ def test_simulator_fp16_scale_decoding(sim):
 
 
 def test_simulator_gather_rows(sim):
-    assert len(sim["gather"]) == len(VARIANTS) + len(KQUANTS) + 2
+    assert len(sim["gather"]) == len(VARIANTS) + len(RANDOM_BLOCKS) + 2
     for name, err in sim["gather"].items():
         assert err == 0.0, (name, err)
 

@@ -10,7 +10,7 @@ from packlora.errors import DeviceError
 from packlora.kernels.cuda import launch, ops
 from packlora.kernels.cuda.launch import weight_args
 from packlora.quant import quantize
-from test_kernels_cuda import KQUANTS, VARIANTS
+from test_kernels_cuda import RANDOM_BLOCKS, VARIANTS
 
 
 def _cupy():
@@ -39,7 +39,7 @@ def test_gpu_matches_dense(fmt, dq, m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", KQUANTS)
+@pytest.mark.parametrize("fmt", RANDOM_BLOCKS)
 @pytest.mark.parametrize("m", [1, 13])
 def test_gpu_kquants_match_dense(fmt, m):
     cp = _cupy()
@@ -57,7 +57,7 @@ def test_gpu_gemv_for_up_to_16_rows(monkeypatch, fmt, dq, n, m):
     cp = _cupy()
     monkeypatch.setattr(ops, "GEMV_MAX_M", ops.gemv.MAX_M)
     rng = np.random.default_rng(4)
-    w = (random_packed(fmt, n, 1536, rng) if fmt in KQUANTS else
+    w = (random_packed(fmt, n, 1536, rng) if fmt in RANDOM_BLOCKS else
          quantize(rng.standard_normal((n, 1536)).astype(np.float32), fmt, double_quant=dq))
     _gpu_check_products(cp, w, m, rng, f"{fmt} dq={dq} N={n}")
 

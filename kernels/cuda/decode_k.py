@@ -1,9 +1,10 @@
 """CUDA device functions for the block formats: the ggml blocks of 32 (Q4_0, Q4_1, Q8_0, Q5_0,
-Q5_1), the K-quant super-blocks (Q2_K..Q6_K) and 16-bit float rows (F16/BF16). Value j of a
+Q5_1), the K-quant super-blocks (Q2_K..Q6_K), 16-bit float rows (F16/BF16) and the table
+formats IQ4_NL / IQ4_XS. Value j of a
 block is `block_code(j) * s + o` with (s, o) = `block_affine(j)`, the same for every value of
 a scale group (SCALE_GROUP values at a multiple of it): a run within one group reads its
 scales once. The value orders are quant/kquants.py's; every offset is the registry layout's,
-baked into the kernels as constants."""
+baked into the kernels as constants, IQ4's table a constant array."""
 import numpy as np
 from numba import cuda, float32, int32
 
@@ -12,9 +13,9 @@ from ...quant.registry import FLAT
 from ..format_ids import FORMAT_IDS
 from .bits import bf16_to_float, signed_byte
 
-Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16 = (
+Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, IQ4_NL, IQ4_XS = (
     FORMAT_IDS[n] for n in ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k",
-                            "q5_k", "q6_k", "f16", "bf16"))
+                            "q5_k", "q6_k", "f16", "bf16", "iq4_nl", "iq4_xs"))
 _L4_0, _L4_1, _L8_0, _L5_0, _L5_1, _L2, _L3, _L4, _L5, _L6 = (
     REGISTRY[n].layout for n in ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k",
                                  "q5_k", "q6_k"))
@@ -28,10 +29,16 @@ Q4_CODES, Q4_SC, Q4_D, Q4_M = _L4.codes_at, _L4.sub_scales_at, _L4.scale_at, _L4
 Q5_CODES, Q5_HIGH, Q5_SC, Q5_D, Q5_M = (_L5.codes_at, _L5.high_bits_at, _L5.sub_scales_at,
                                         _L5.scale_at, _L5.min_at)
 Q6_CODES, Q6_HIGH, Q6_SC, Q6_D = _L6.codes_at, _L6.high_bits_at, _L6.sub_scales_at, _L6.scale_at
+_LNL, _LXS = REGISTRY["iq4_nl"].layout, REGISTRY["iq4_xs"].layout
+NL_CODES, NL_D = _LNL.codes_at, _LNL.scale_at
+XS_CODES, XS_SC, XS_D = _LXS.codes_at, _LXS.sub_scales_at, _LXS.scale_at
+IQ4_TABLE = np.asarray(REGISTRY["iq4_nl"].codebook, np.float32)
+assert np.array_equal(IQ4_TABLE, REGISTRY["iq4_xs"].codebook)
 assert (Q4_SC, Q4_D, Q4_M) == (Q5_SC, Q5_D, Q5_M)  # block_affine reads both at Q4_K's bytes
 # the ggml blocks of 32: one fp16 d at byte 0 (the affines below read it there), and ids up
 # to Q5_1's (`fmt <= Q5_1` below picks them among the block formats)
-assert max(Q4_0, Q4_1, Q8_0, Q5_0) < Q5_1 < min(Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16)
+assert max(Q4_0, Q4_1, Q8_0, Q5_0) < Q5_1 < min(Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, IQ4_NL,
+                                                IQ4_XS)
 assert all(lay.elems == 32 and lay.scale_at == 0 for lay in (_L4_0, _L4_1, _L8_0, _L5_0, _L5_1))
 
 
@@ -110,6 +117,14 @@ def _q45_k_code(q, base, j, fmt):
 
 
 @cuda.jit(device=True, cache=True)
+def _iq4_xs_scale(q, at, s):
+    """IQ4_XS's scale of sub-block s (0..7) less 32: 2 high bits at bit 2s of the uint16 at
+    `at`, 4 low bits in nibble s % 2 of byte at + 2 + s // 2."""
+    low = (int32(q[at + 2 + (s >> 1)]) >> (4 * (s & 1))) & 15
+    return (low | (((int32(q[at + (s >> 2)]) >> (2 * (s & 3))) & 3) << 4)) - 32
+
+
+@cuda.jit(device=True, cache=True)
 def _q6_k_code(q, base, j):
     h, r = j >> 7, j & 127
     jj, lane = r >> 5, r & 31
@@ -138,6 +153,10 @@ def block_code(q, q16, base, j, fmt):
         return bf16_to_float(q[base + 2 * j], q[base + 2 * j + 1])
     if fmt <= Q5_1:
         return _ggml_code(q, base, j, fmt)
+    if fmt == IQ4_NL:
+        return IQ4_TABLE[_nibble(q, base + NL_CODES, j)]
+    if fmt == IQ4_XS:
+        return IQ4_TABLE[_nibble(q, base + XS_CODES + 16 * (j >> 5), j & 31)]
     if fmt == Q4_K or fmt == Q5_K:
         return _q45_k_code(q, base, j, fmt)
     if fmt == Q6_K:
@@ -156,6 +175,10 @@ def block_affine(q, q16, base, j, fmt):
         if fmt == Q4_1 or fmt == Q5_1:
             return f16_at(q16, base), f16_at(q16, base + (Q4_1_MIN if fmt == Q4_1 else Q5_1_MIN))
         return f16_at(q16, base), zero
+    if fmt == IQ4_NL:
+        return f16_at(q16, base + NL_D), zero
+    if fmt == IQ4_XS:
+        return f16_at(q16, base + XS_D) * float32(_iq4_xs_scale(q, base + XS_SC, j >> 5)), zero
     if fmt == Q4_K or fmt == Q5_K:
         sc, mn = _scale_min_k4(q, base + Q4_SC, j >> 5)  # Q4_SC == Q5_SC, d, dmin as well
         return (f16_at(q16, base + Q4_D) * float32(sc),
