@@ -1,8 +1,9 @@
-"""SmolLM2 re-quantized by llama.cpp itself (llama_model_quantize: Q4_K_M, Q5_K_M, Q6_K mixes,
-with llama.cpp's fallbacks for 576-wide rows, and F16 / BF16 files, whose linear weights stay
-16-bit under quant "none") loads with every tensor in its stored type, gives
-the last-position logits of an independent float32 forward written here from the GGUF's own
-tensors (llama.cpp's layout: permuted Q/K rows, adjacent-pair RoPE), and fine-tunes."""
+"""SmolLM2 re-quantized by llama.cpp itself (llama_model_quantize: Q4_K_M, Q5_K_M, Q6_K and
+IQ4_XS mixes, with llama.cpp's fallbacks for 576-wide rows (IQ4_XS's: IQ4_NL), and F16 / BF16
+files, whose linear weights stay 16-bit under quant "none") loads with every tensor in its
+stored type, gives the last-position logits of an independent float32 forward written here
+from the GGUF's own tensors (llama.cpp's layout: permuted Q/K rows, adjacent-pair RoPE), and
+fine-tunes."""
 import ctypes
 import importlib.util
 
@@ -10,12 +11,18 @@ import gguf
 import model_factory as mf
 import numpy as np
 import pytest
-from packlora import Device, load_model, without_autodiff
+from packlora import Device, load_model, merge, save_adapter, without_autodiff
+from packlora.errors import ModelError
 from packlora.models import model_tensors
 from packlora.models.gguf_file import gguf_name
 from packlora.training.run import finetune
 
-FTYPES = ("q4_k_m", "q5_k_m", "q6_k", "f16", "bf16")
+FTYPES = ("q4_k_m", "q5_k_m", "q6_k", "iq4_xs", "f16", "bf16")
+# Types among a file's linear weights that show llama.cpp's choice was kept (576-wide rows
+# fall back from the super-blocks of 256: IQ4_XS to IQ4_NL)
+STORED = {"q4_k_m": {"Q4_K", "Q5_K", "Q6_K"}, "q5_k_m": {"Q4_K", "Q5_K", "Q6_K"},
+          "q6_k": {"Q4_K", "Q5_K", "Q6_K"}, "iq4_xs": {"IQ4_NL"}, "f16": {"F16"},
+          "bf16": {"BF16"}}
 SIXTEEN_BIT = ("f16", "bf16")  # linear weights kept 16-bit at rest: loaded with quant "none"
 PROMPT = "The Eiffel Tower is in the city of"
 
@@ -101,7 +108,7 @@ def test_llama_cpp_mix_loads_packed_and_matches_a_float_forward(files, name):
     assert layer.self_attn.q_proj.weight.format == stored["blk.0.attn_q.weight"].lower()
     kinds = {v for k, v in stored.items() if k.endswith("proj.weight") or ".ffn_" in k
              or ".attn_" in k and not k.endswith("norm.weight")}
-    assert kinds & ({name.upper()} if name in SIXTEEN_BIT else {"Q4_K", "Q5_K", "Q6_K"})
+    assert kinds & STORED[name], kinds
     ids = model.tokenizer.encode(PROMPT)
     with without_autodiff():
         got = model(np.asarray([ids])).numpy()[0, -1]
@@ -138,7 +145,7 @@ def test_fine_tune_a_q4_k_m_file_and_resume(files, tmp_path):
     assert [r["step"] for r in more.history] == [5, 6]
 
 
-# --- a Llama layout whose rows are whole super-blocks: mostly Q4_K / Q6_K after llama.cpp ----
+# --- a Llama layout whose rows are whole super-blocks: Q4_K / Q6_K, IQ4_XS after llama.cpp ---
 WIDE = {"vocab": 512, "hidden": 256, "inter": 768, "layers": 4, "heads": 4, "kv_heads": 2}
 
 
@@ -180,38 +187,46 @@ def _wide_f32_gguf(path):
     return path
 
 
-@pytest.fixture(scope="module")
-def wide_q4_k_m(tmp_path_factory):
+# The linear weights' types llama.cpp stores at these widths (no fallbacks), and up_proj's
+WIDE_STORED = {"q4_k_m": ({"Q4_K", "Q6_K"}, "q4_k"), "iq4_xs": ({"IQ4_XS"}, "iq4_xs")}
+
+
+@pytest.fixture(scope="module", params=list(WIDE_STORED))
+def wide(request, tmp_path_factory):
+    """(ftype, path) of the wide model quantized by llama.cpp to each of WIDE_STORED."""
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed (scripts/test.sh builds it once)")
     import llama_cpp  # optional: only where scripts/test.sh installed it
     d = tmp_path_factory.mktemp("wide")
-    src, out = _wide_f32_gguf(d / "f32.gguf"), d / "q4_k_m.gguf"
+    src, out = _wide_f32_gguf(d / "f32.gguf"), d / f"{request.param}.gguf"
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{request.param.upper()}")
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(),
                                           ctypes.byref(params)) == 0
-    return out
+    return request.param, out
 
 
-def test_wide_llama_q4_k_m_loads_matches_and_trains(wide_q4_k_m):
+def test_wide_llama_loads_matches_and_trains(wide, tmp_path):
     from packlora.adapters import apply_lora
     from packlora.config import TrainConfig
     from packlora.data import Example
     from packlora.training.trainer import Trainer
-    stored = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(wide_q4_k_m)).tensors}
+    ftype, path = wide
+    kinds, up = WIDE_STORED[ftype]
+    stored = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
     linear = [v for k, v in stored.items() if k.startswith("blk.") and "norm" not in k]
-    assert set(linear) == {"Q4_K", "Q6_K"}                       # no fallbacks at these widths
+    assert set(linear) == kinds                                  # no fallbacks at these widths
     dev = Device.cpu().autodiff()
-    model = load_model(str(wide_q4_k_m), dev, with_tokenizer=False)
+    model = load_model(str(path), dev, with_tokenizer=False)
     for i, layer in enumerate(model.model.layers):       # every linear kept as llama.cpp stored it
         assert layer.mlp.down_proj.weight.format == stored[f"blk.{i}.ffn_down.weight"].lower()
         assert layer.self_attn.v_proj.weight.format == stored[f"blk.{i}.attn_v.weight"].lower()
-        assert layer.mlp.up_proj.weight.format == "q4_k"
+        assert layer.mlp.up_proj.weight.format == up
+    assert model.model.embed_tokens.weight.format == stored["token_embd.weight"].lower()
     ids = np.random.default_rng(1).integers(0, WIDE["vocab"], 24)
     with without_autodiff():
         got = model(ids[None]).numpy()[0, -1]
-    want = reference_logits(wide_q4_k_m, ids)
+    want = reference_logits(path, ids)
     assert np.abs(got - want).max() < 5e-3, float(np.abs(got - want).max())
     apply_lora(model, {"targets": "all-linear", "rank": 4, "alpha": 8})
     rows = [Example(ids.astype(np.int32), np.roll(ids, -1).astype(np.int64))] * 2
@@ -219,3 +234,11 @@ def test_wide_llama_q4_k_m_loads_matches_and_trains(wide_q4_k_m):
                       save_every=0, schedule="constant")
     losses = [r["loss"] for r in Trainer(model, rows, cfg, progress=False).run()]
     assert losses[-1] < losses[0], losses
+    if ftype == "iq4_xs":  # not quantized to here: a merge names another type for them
+        save_adapter(model, tmp_path / "ad")
+        with pytest.raises(ModelError, match="stored as IQ4_XS, .* --quantize"):
+            merge(str(path), tmp_path / "ad", tmp_path / "m.gguf")
+        assert not (tmp_path / "m.gguf").exists()
+        out = merge(str(path), tmp_path / "ad", tmp_path / "m.gguf", quantize="q8_0")
+        merged = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(out)).tensors}
+        assert merged["blk.0.ffn_up.weight"] == "Q8_0"
