@@ -1,5 +1,5 @@
-"""GGUF/ggml IQ4_NL and IQ4_XS reference decoders: 4-bit codes looked up in a 16-value
-non-linear table (codebooks.IQ4_VALUES), numpy.
+"""GGUF/ggml IQ4_NL and IQ4_XS reference decoders, and where their codes and scales sit:
+4-bit codes looked up in a 16-value non-linear table (codebooks.IQ4_VALUES), numpy.
 
   IQ4_NL  blocks of 32: fp16 d, then 16 bytes holding code j in the low nibble of byte j and
           code j + 16 in the high one (Q4_0's order); x = d * IQ4_VALUES[q]
@@ -22,11 +22,23 @@ _TABLE = IQ4_VALUES.astype(_F32)
 SUB_ELEMS = 32
 
 
-def _codes(qs):
-    """(..., 16n) bytes -> (..., n, 32) codes: sub-block i's code j in the low nibble of byte
+def unpack_codes(qs):
+    """(..., 16n) bytes -> (..., 32n) codes: sub-block i's code j in the low nibble of byte
     16i + j, code j + 16 in its high nibble."""
-    qs = qs.reshape(*qs.shape[:-1], -1, 16)
-    return np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=-1)
+    g = qs.reshape(*qs.shape[:-1], -1, 16)
+    return np.concatenate([g & np.uint8(15), g >> np.uint8(4)], axis=-1).reshape(
+        *qs.shape[:-1], -1)
+
+
+def pack_codes(q):
+    """unpack_codes' inverse: (..., 32n) codes -> (..., 16n) bytes."""
+    g = q.reshape(*q.shape[:-1], -1, 2, 16)
+    return (g[..., 0, :] | (g[..., 1, :] << np.uint8(4))).reshape(*q.shape[:-1], -1)
+
+
+def code_bytes(layout):
+    """The slice of a block's bytes that holds its codes."""
+    return slice(layout.codes_at, layout.codes_at + layout.elems // 2)
 
 
 def iq4_xs_scales(blocks, at):
@@ -40,20 +52,20 @@ def iq4_xs_scales(blocks, at):
     return (ls.astype(np.int16) | (hs << 4)) - 32
 
 
-def _decode_iq4_nl(blocks, layout):
-    """(r, nb, 18) uint8 -> (r, nb, 32) float32."""
-    q = _codes(blocks[..., layout.codes_at:layout.codes_at + 16])[..., 0, :]
-    return fp16_from(blocks, layout.scale_at) * _TABLE[q]
+def element_scales(blocks, layout):
+    """(..., BPB) bytes -> (..., elems) float32: what each value's table entry is multiplied
+    by (IQ4_NL: d; IQ4_XS: d times its sub-block's scale)."""
+    d = fp16_from(blocks, layout.scale_at)                                        # (..., 1)
+    if layout.sub_scales_at is None:
+        return np.broadcast_to(d, (*blocks.shape[:-1], layout.elems))
+    sub = d * iq4_xs_scales(blocks, layout.sub_scales_at).astype(_F32)           # (..., 8)
+    return np.repeat(sub, SUB_ELEMS, axis=-1)
 
 
-def _decode_iq4_xs(blocks, layout):
-    """(r, nb, 136) uint8 -> (r, nb, 256) float32."""
-    q = _codes(blocks[..., layout.codes_at:layout.codes_at + 128])              # (r, nb, 8, 32)
-    sc = iq4_xs_scales(blocks, layout.sub_scales_at).astype(_F32)                # (r, nb, 8)
-    d = (fp16_from(blocks, layout.scale_at) * sc)[..., None]                     # (r, nb, 8, 1)
-    return (d * _TABLE[q]).reshape(*blocks.shape[:-1], 8 * SUB_ELEMS)
+def _decode(blocks, layout):
+    """(r, nb, BPB) uint8 -> (r, nb, elems) float32."""
+    return element_scales(blocks, layout) * _TABLE[unpack_codes(blocks[..., code_bytes(layout)])]
 
 
 # -- the reference decoders of the registry (quant/registry.py) ---------------------------------
-dequantize_iq4_nl, dequantize_iq4_xs = (row_dequantizer(d) for d in (_decode_iq4_nl,
-                                                                      _decode_iq4_xs))
+dequantize_iq4_nl = dequantize_iq4_xs = row_dequantizer(_decode)

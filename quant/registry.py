@@ -36,6 +36,7 @@ from .ggml import (
     quantize_q8_0,
 )
 from .halves import dequantize_bf16, dequantize_f16, quantize_bf16, quantize_f16
+from .iquant_encode import quantize_iq4_nl, quantize_iq4_xs
 from .iquants import dequantize_iq4_nl, dequantize_iq4_xs
 from .kquant_encode import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .kquants import (
@@ -150,13 +151,13 @@ REGISTRY = {f.name: f for f in (
           (quantize_q6_k, dequantize_q6_k)),
     _ggml(GGML.F16, _HALVES, (quantize_f16, dequantize_f16), float16=True),
     _ggml(GGML.BF16, _HALVES, (quantize_bf16, dequantize_bf16), float16=True),
-    # 4-bit codes looked up in a 16-value table (quant/iquants.py); IQ4_XS's sub-block scales:
-    # a uint16 of high bits at sub_scales_at, 4 bytes of low nibbles after it
+    # 4-bit codes looked up in a 16-value table (quant/iquants.py, iquant_encode.py); IQ4_XS's
+    # sub-block scales: a uint16 of high bits at sub_scales_at, 4 bytes of low nibbles after it
     _ggml(GGML.IQ4_NL, BlockLayout(32, 18, 4, codes_at=2, scale_at=0),
-          (None, dequantize_iq4_nl), codebook=IQ4_VALUES.astype(np.float32)),
+          (quantize_iq4_nl, dequantize_iq4_nl), codebook=IQ4_VALUES.astype(np.float32)),
     _ggml(GGML.IQ4_XS, BlockLayout(256, 136, 4, codes_at=8, scale_at=0, sub_scales_at=2,
                                    sub_elems=32),
-          (None, dequantize_iq4_xs), codebook=IQ4_VALUES.astype(np.float32)),
+          (quantize_iq4_xs, dequantize_iq4_xs), codebook=IQ4_VALUES.astype(np.float32)),
 )}
 
 FORMATS = tuple(REGISTRY)

@@ -9,13 +9,16 @@ noise where δ is small, and leaves the block bytes' scales untouched.
 
 Nothing here knows a format's bit layout: the format's own decoder is probed once, bit by bit,
 to learn which element and which power of two each code bit is (ggml keeps codes in their own
-byte ranges, BlockLayout.codes_at / high_bits_at)."""
+byte ranges, BlockLayout.codes_at / high_bits_at). Codes that index a table (IQ4_NL, IQ4_XS)
+are not powers of two: there each value rounds between the two table entries around it, times
+its block's scale (quant/iquants.py)."""
 import functools
 from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import QuantError
+from .iquants import code_bytes, element_scales, pack_codes
 from .registry import GGML_ROWS, REGISTRY
 
 
@@ -50,7 +53,8 @@ class BitMap(NamedTuple):
 def bit_map(fmt) -> BitMap:
     """The BitMap of format `fmt`, probed once."""
     entry = REGISTRY[fmt]
-    if entry.storage != GGML_ROWS or not entry.quantizable or entry.float16:
+    if entry.storage != GGML_ROWS or not entry.quantizable or entry.float16 or \
+            entry.codebook is not None:
         raise QuantError(f"{fmt}: no stored grid to re-quantize onto")
     layout = entry.layout
     rng = np.random.default_rng(0)
@@ -87,6 +91,8 @@ def requantize_on_grid(fmt, stored, target, rng):
     `stored` (same shape as the result): scales kept, codes stochastically rounded. A block
     whose new values go more than a step past its grid's range is quantized afresh."""
     entry = REGISTRY[fmt]
+    if entry.codebook is not None:
+        return _on_table(entry, stored, target, rng)
     layout = entry.layout
     where, element, weight, lsb_bits, lo, hi = bit_map(fmt)
     rows, k = target.shape
@@ -108,3 +114,24 @@ def requantize_on_grid(fmt, stored, target, rng):
         fresh = target.reshape(base.shape)[outside]
         zero[outside] = entry.quantize(entry, fresh, None, False, "merged")["blocks"]
     return zero.reshape(rows, -1)
+
+
+def _on_table(entry, stored, target, rng):
+    """requantize_on_grid for a table format: each value's code drawn between the two table
+    entries around target / its scale, unbiased; a block past the table's ends by more than
+    its outer gaps is quantized afresh."""
+    layout = entry.layout
+    table = entry.codebook                                          # ascending
+    rows, k = target.shape
+    blocks = np.array(stored, np.uint8).reshape(rows * (k // layout.elems), layout.nbytes)
+    scale = element_scales(blocks, layout)                          # (n, elems)
+    t = np.where(scale == 0, 0, target.reshape(scale.shape) / np.where(scale == 0, 1, scale))
+    lo = np.clip(np.searchsorted(table, t, side="right") - 1, 0, len(table) - 2)
+    up = (t - table[lo]) / (table[lo + 1] - table[lo])              # < 0, > 1: past the ends
+    codes = (lo + (rng.random(t.shape, dtype=np.float32) < up)).astype(np.uint8)
+    outside = ((t < 2 * table[0] - table[1]) | (t > 2 * table[-1] - table[-2])).any(axis=1)
+    blocks[:, code_bytes(layout)] = pack_codes(codes)
+    if outside.any():
+        fresh = target.reshape(scale.shape)[outside]
+        blocks[outside] = entry.quantize(entry, fresh, None, False, "merged")["blocks"]
+    return blocks.reshape(rows, -1)

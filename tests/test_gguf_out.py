@@ -26,6 +26,8 @@ from packlora import (
 from packlora.adapters.peft_io import BaseMismatchWarning
 from packlora.cli import main
 from packlora.errors import ModelError
+from packlora.gguf_out.merge import TARGETS
+from packlora.gguf_out.metadata import FILE_TYPES
 from packlora.gguf_out.stream import GGUFStream
 from safetensors.numpy import load_file, save_file
 
@@ -143,6 +145,19 @@ def test_merged_gguf_from_a_gguf_base(tmp_path, quantize_to):
             clipped = np.maximum(np.abs(want) - amax, 0)
             assert (np.abs(got - want) <= 1.01 * step + clipped).all(), name
             assert abs((got - want).mean()) < 0.05 * step.mean()
+
+
+def test_every_quantize_choice_names_its_file_type(tmp_path):
+    """--quantize iq4_xs: rows of 64 fall back to IQ4_NL (llama.cpp's choice), and the file's
+    general.file_type says IQ4_XS, as for every other choice."""
+    base, _ = mf.write_gguf(tmp_path / "base.gguf", "llama", "Q8_0")
+    _adapter(base, tmp_path / "ad")
+    out = merge(base, tmp_path / "ad", tmp_path / "m.gguf", quantize="iq4_xs")
+    r, after = _read(out)
+    assert r.fields["general.file_type"].contents() == int(gguf.LlamaFileType.MOSTLY_IQ4_XS)
+    assert {t.tensor_type.name for name, t in after.items()
+            if name.startswith("blk.") and t.data.ndim == 2} == {"IQ4_NL"}
+    assert set(TARGETS) <= set(FILE_TYPES)
 
 
 def test_merged_gguf_from_an_hf_base(tmp_path):

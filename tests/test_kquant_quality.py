@@ -1,7 +1,8 @@
-"""Quantizing to Q4_K / Q5_K / Q6_K (quant/kquant_encode.py) against llama.cpp's own quantizer,
-called through ggml_quantize_chunk in the libggml that llama-cpp-python ships: per-tensor RMSE
-within 2% of llama.cpp's on the same float tensors, and bytes that gguf.quants decodes to the
-values packlora's decoder gives."""
+"""Quantizing to Q4_K / Q5_K / Q6_K and IQ4_NL / IQ4_XS (quant/kquant_encode.py,
+iquant_encode.py) against llama.cpp's own quantizer, called through ggml_quantize_chunk in the
+libggml that llama-cpp-python ships: per-tensor RMSE within 2% of llama.cpp's on the same float
+tensors (IQ4: nearly its bytes), and bytes that gguf.quants decodes to the values packlora's
+decoder gives."""
 import ctypes
 import importlib.util
 from pathlib import Path
@@ -11,8 +12,10 @@ import numpy as np
 import pytest
 from packlora.quant import quantize
 
-TYPES = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q5_k": gguf.GGMLQuantizationType.Q5_K,
-         "q6_k": gguf.GGMLQuantizationType.Q6_K}
+KQUANTS = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q5_k": gguf.GGMLQuantizationType.Q5_K,
+           "q6_k": gguf.GGMLQuantizationType.Q6_K}
+TYPES = {**KQUANTS, "iq4_nl": gguf.GGMLQuantizationType.IQ4_NL,
+         "iq4_xs": gguf.GGMLQuantizationType.IQ4_XS}
 
 
 def _ggml():
@@ -59,12 +62,15 @@ def test_rmse_within_two_percent_of_llama_cpp(fmt):
         ours = pw.dequantize()
         np.testing.assert_array_equal(gguf.quants.dequantize(pw.buffers["blocks"], TYPES[fmt]),
                                       ours)
-        theirs = gguf.quants.dequantize(llama_cpp_quantize(fn, x, TYPES[fmt]), TYPES[fmt])
+        raw = llama_cpp_quantize(fn, x, TYPES[fmt])
+        theirs = gguf.quants.dequantize(raw, TYPES[fmt])
         rmse, ref = (float(np.sqrt(((v - x) ** 2).mean())) for v in (ours, theirs))
         assert rmse <= 1.02 * ref + 1e-12, f"{fmt} {name}: rmse {rmse:.3e} vs llama.cpp {ref:.3e}"
+        if fmt not in KQUANTS:  # the same search: only float32 sums in another order differ
+            assert (pw.buffers["blocks"] == raw).mean() > 0.99, (fmt, name)
 
 
-@pytest.mark.parametrize("fmt", sorted(TYPES))
+@pytest.mark.parametrize("fmt", sorted(KQUANTS))
 def test_kquants_round_trip_without_llama_cpp(fmt):
     """Always run: zeros stay zeros, the error beats the legacy format of as many bits (Q4_0,
     Q5_1, Q8_0 halved), ragged K refused."""

@@ -263,7 +263,7 @@ def test_packed_nbytes_equals_nbytes_everywhere():
     for fmt in QUANTIZABLE:
         for dq in ((False, True) if fmt in ("nf4", "fp4") else (False,)):
             for bs in (None,) if REGISTRY[fmt].fixed_block else (None, 32, 128, 4096):
-                wide = fmt.endswith("_k")  # K-quants: rows of whole 256-value super-blocks
+                wide = REGISTRY[fmt].default_block_size == 256  # rows of super-blocks
                 for shape in ((33, 256), (1, 512), (5, 4352)) if wide else (
                         (33, 64), (1, 96), (5, 4128)):
                     x = RNG.standard_normal(shape).astype(F32)
@@ -299,7 +299,7 @@ def test_bad_inputs_rejected():
     x = np.ones((4, 64), F32)
     with pytest.raises(QuantError, match="q2_k .*load them packed, or quantize to one of: "
                                          "nf4, fp4, int8, q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, "
-                                         "q5_k, q6_k, f16, bf16$"):
+                                         "q5_k, q6_k, f16, bf16, iq4_nl, iq4_xs$"):
         quantize(np.ones((4, 256), F32), "q2_k", name="w")
     with pytest.raises(QuantError, match="multiple of 32"):
         quantize(np.ones((4, 40), F32), "q4_0", name="w")

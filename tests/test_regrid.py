@@ -7,7 +7,7 @@ import pytest
 from packlora.quant import REGISTRY, quantize
 from packlora.quant.regrid import requantize_on_grid
 
-FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs")
 
 
 def _decode(fmt, blocks):
@@ -44,7 +44,7 @@ def test_a_small_change_is_kept_on_average(fmt):
     assert np.abs(_decode(fmt, nearest) - grid - delta).mean() > 2 * mean_err
 
 
-@pytest.mark.parametrize("fmt", ("q4_1", "q8_0", "q6_k"))
+@pytest.mark.parametrize("fmt", ("q4_1", "q8_0", "q6_k", "iq4_xs"))
 def test_a_block_pushed_out_of_range_is_requantized_not_clipped(fmt):
     rng = np.random.default_rng(3)
     w = rng.standard_normal((2, 256)).astype(np.float32)

@@ -25,7 +25,8 @@ FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
               "q5_1": LlamaFileType.MOSTLY_Q5_1, "q8_0": LlamaFileType.MOSTLY_Q8_0,
               "q4_k": LlamaFileType.MOSTLY_Q4_K_S, "q5_k": LlamaFileType.MOSTLY_Q5_K_S,
               "q6_k": LlamaFileType.MOSTLY_Q6_K, "q4_k_m": LlamaFileType.MOSTLY_Q4_K_M,
-              "q5_k_m": LlamaFileType.MOSTLY_Q5_K_M}
+              "q5_k_m": LlamaFileType.MOSTLY_Q5_K_M, "iq4_nl": LlamaFileType.MOSTLY_IQ4_NL,
+              "iq4_xs": LlamaFileType.MOSTLY_IQ4_XS}
 # Text the candidate pre-tokenizers must split as the base's tokenizer does: digits of every
 # length, contractions, runs of spaces and newlines, punctuation, accents, CJK, emoji.
 PROBE = ("Hello world! It's 3 o'clock, 12 or 123 or 1234567 apples.\n\n  \tIndented   text "

@@ -1,0 +1,91 @@
+"""Quantizing float rows to IQ4_NL and IQ4_XS in numpy, with the quality of ggml's quantizer
+(quantize_row_iq4_nl_impl in ggml-quants.c, no importance matrix), every sub-block of a tensor
+at once.
+
+  each 32-value sub-block gets a scale d from a weighted least-squares search (weights x^2):
+  codes are the table values (codebooks.IQ4_VALUES) nearest x / d for d = max / 127 and for the
+  fifteen inverse scales (i - 127) / max, i in -7..7 (which map the largest value onto the
+  table's negative end), d refitted to each candidate's codes; the best fit wins
+  IQ4_NL   the block's d as fp16, codes nearest x / d
+  IQ4_XS   the eight scales as 6-bit signed multiples of fp16 D = -max scale / 32, codes
+           nearest x / (D * l)
+The byte layouts are the decoders' (quant/iquants.py); gguf.quants decodes the result.
+"""
+import numpy as np
+
+from .codebooks import IQ4_VALUES
+from .ggml import row_quantizer
+from .iquants import SUB_ELEMS, pack_codes
+
+_F32 = np.float32
+_VALUES = IQ4_VALUES.astype(_F32)  # ascending
+_NTRY = 7
+_EPS = _F32(1e-15)  # a sub-block whose largest |x| is below this is all zeros
+
+
+def nearest_code(v):
+    """The index of the table value nearest each v (ggml's best_index_int8: ties go up)."""
+    hi = np.clip(np.searchsorted(_VALUES, v, side="right"), 1, len(_VALUES) - 1)
+    lo = hi - 1
+    return np.where(v - _VALUES[lo] < _VALUES[hi] - v, lo, hi).astype(np.uint8)
+
+
+def _inverse(d):
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, _F32(0), _F32(1) / d).astype(_F32)
+
+
+def _fit(x, w, inv):
+    """(sum w q x, sum w q^2), (S, 1) each, of codes nearest x * inv for rows x (S, 32)."""
+    q = _VALUES[nearest_code(x * inv)]
+    return (w * q * x).sum(axis=1, keepdims=True), (w * q * q).sum(axis=1, keepdims=True)
+
+
+def fit_scales(x):
+    """x (S, 32) -> (S,) float32 scale of each sub-block (0 where it is all zeros)."""
+    w = x * x
+    mx = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)        # (S, 1)
+    zero = np.abs(mx) < _EPS
+    mx = np.where(zero, _F32(1), mx)
+    sqx, sq2 = _fit(x, w, _inverse(-mx / _VALUES[0]))
+    d = sqx / np.where(sq2 > 0, sq2, _F32(1))
+    best = d * sqx
+    for i in range(-_NTRY, _NTRY + 1):
+        sqx, sq2 = _fit(x, w, (_F32(i) + _VALUES[0]) / mx)
+        take = (sq2 > 0) & (sqx * sqx > best * sq2)
+        d = np.where(take, sqx / np.where(sq2 > 0, sq2, _F32(1)), d)
+        best = np.where(take, d * sqx, best)
+    return np.where(zero, _F32(0), d)[:, 0].astype(_F32)
+
+
+def _fp16_bytes(v):
+    return np.asarray(v, _F32).astype("<f2")[..., None].view(np.uint8)
+
+
+def _iq4_nl(blocks):
+    """(r, nb, 32) float32 -> (r, nb, 18) bytes."""
+    x = blocks.reshape(-1, SUB_ELEMS)
+    d = fit_scales(x)                                                             # (S,)
+    q = nearest_code(x * _inverse(d)[:, None])
+    out = np.concatenate([_fp16_bytes(d), pack_codes(q)], axis=-1)
+    return out.reshape(*blocks.shape[:-1], -1)
+
+
+def _iq4_xs(blocks):
+    """(r, nb, 256) float32 -> (r, nb, 136) bytes."""
+    x = blocks.reshape(-1, SUB_ELEMS)
+    sc = fit_scales(x).reshape(-1, 8)                                             # (B, 8)
+    top = np.take_along_axis(sc, np.abs(sc).argmax(axis=1)[:, None], axis=1)     # (B, 1)
+    big = -top / _F32(32)
+    ls = np.clip(np.rint(_inverse(big) * sc), -32, 31)                           # (B, 8)
+    q = nearest_code(x * _inverse((big * ls).reshape(-1, 1)))                     # (S, 32)
+    u = (ls + 32).astype(np.uint8)
+    low = u[:, 0::2] & 15 | (u[:, 1::2] & 15) << 4                                # (B, 4)
+    high = ((u >> 4).astype(np.uint16) << (2 * np.arange(8, dtype=np.uint16))).sum(
+        axis=1, dtype=np.uint16)                                                  # (B,)
+    out = np.concatenate([_fp16_bytes(big[:, 0]), high.astype("<u2")[:, None].view(np.uint8),
+                          low, pack_codes(q.reshape(-1, 8 * SUB_ELEMS))], axis=-1)
+    return out.reshape(*blocks.shape[:-1], -1)
+
+
+quantize_iq4_nl, quantize_iq4_xs = (row_quantizer(e) for e in (_iq4_nl, _iq4_xs))
