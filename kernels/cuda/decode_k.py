@@ -1,10 +1,10 @@
 """CUDA device functions for the block formats: the ggml blocks of 32 (Q4_0, Q4_1, Q8_0, Q5_0,
 Q5_1), the K-quant super-blocks (Q2_K..Q6_K), 16-bit float rows (F16/BF16) and the table
-formats IQ4_NL / IQ4_XS. Value j of a
-block is `block_code(j) * s + o` with (s, o) = `block_affine(j)`, the same for every value of
-a scale group (SCALE_GROUP values at a multiple of it): a run within one group reads its
-scales once. The value orders are quant/kquants.py's; every offset is the registry layout's,
-baked into the kernels as constants, IQ4's table a constant array."""
+formats IQ4_NL / IQ4_XS. Value j of a block is `block_code(j) * s + o` with (s, o) =
+`block_affine(j)`, the same for every value of a scale group (SCALE_GROUP values at a multiple
+of it): a run within one group reads its scales once. The value orders are quant/kquants.py's
+and quant/iquants.py's; every offset is the registry layout's, baked into the kernels as
+constants, IQ4's table a constant array."""
 import numpy as np
 from numba import cuda, float32, int32
 
