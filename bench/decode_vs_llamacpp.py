@@ -1,18 +1,19 @@
 """packlora's token-by-token decoding against llama.cpp on the same GGUF and threads, in turns.
 
-Both sides load the shipped SmolLM2-135M-Instruct GGUF (Q4_1, embedding Q8_0), take the same
-prompt ids and decode greedily for a fixed number of new tokens without stopping at EOS;
-llama.cpp runs through llama-cpp-python (PyPI) with as many threads as packlora's Numba, in a
-process of its own with the user's environment (bench/llama_cpp_decode.py), since packlora's
-OpenMP settings would apply to llama.cpp's threads in a shared process. Each
-turn times llama.cpp, then packlora; new tokens per second (prompt included in the time: a
-short prompt, as in chat turns), medians and bests over the turns, one JSON document. llama.cpp
-is also given by its own perf counters (its one-token evaluations alone: no Python, no
-sampling), the stricter comparison. packlora decodes as `generate` does by default, with x
-rounded to 8 bits in the packed products as llama.cpp does (kernels/activations.py), and in the
-same turns with float32 activations (`packlora_float_activations`).
+Both sides load the shipped SmolLM2-135M-Instruct GGUF (Q4_1, embedding Q8_0) or the GGUF
+given with --model (an IQ4_XS or Q4_K_M file, say), take the same prompt ids and decode
+greedily for a fixed number of new tokens without stopping at EOS; llama.cpp runs through
+llama-cpp-python (PyPI) with as many threads as packlora's Numba, in a process of its own with
+the user's environment (bench/llama_cpp_decode.py), since packlora's OpenMP settings would
+apply to llama.cpp's threads in a shared process. Each turn times llama.cpp, then packlora; new
+tokens per second (prompt included in the time: a short prompt, as in chat turns), medians and
+bests over the turns, one JSON document. llama.cpp is also given by its own perf counters (its
+one-token evaluations alone: no Python, no sampling), the stricter comparison. packlora decodes
+as `generate` does by default, with x rounded to 8 bits in the packed products as llama.cpp
+does (kernels/activations.py), and in the same turns with float32 activations
+(`packlora_float_activations`).
 
-Usage: python bench/decode_vs_llamacpp.py [--turns 3] [--new 128]
+Usage: python bench/decode_vs_llamacpp.py [--turns 3] [--new 128] [--model FILE.gguf]
 """
 import argparse
 import json
@@ -84,11 +85,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--new", type=int, default=128, help="new tokens per turn")
+    ap.add_argument("--model", default=MODEL, help="a .gguf file or a shipped model's name")
     a = ap.parse_args(argv)
     threads = get_num_threads()
-    path = resolve_source(MODEL)
+    path = resolve_source(a.model)
+    if path.suffix.lower() != ".gguf":
+        raise SystemExit(f"decode_vs_llamacpp: --model {a.model}: llama.cpp needs a .gguf file")
     llm = LlamaCpp(path, threads)
-    model = pl.load_model(MODEL)
+    model = pl.load_model(str(path))
     ids = model.tokenizer.encode(PROMPT, add_special_tokens=True)
     llm.turn(ids, 8), packlora_turn(model, ids, 8), packlora_turn(model, ids, 8, False)  # warm-up
     times = {"llama_cpp": [], "packlora": [], "packlora_float_activations": []}
