@@ -43,6 +43,9 @@ def adapter_state(model):
     return out
 
 
+# PEFT's init_lora_weights that subtract the adapter's start from the base weights (the
+# adapter's file holds no record of those weights)
+BASE_REWRITING_INITS = ("pissa", "olora", "corda")
 # packlora's lora.init -> PEFT's init_lora_weights (kaiming-uniform A, zero B is PEFT's True)
 PEFT_INIT = {"kaiming": True, "gaussian": "gaussian", "loftq": "loftq"}
 
@@ -262,6 +265,12 @@ def lora_config_from_peft(cfg, paths, source=CONFIG):
     if kind != "LORA":
         raise ModelError(f"{source}: peft_type {kind!r} is no LoRA adapter; packlora reads "
                          "peft_type LORA (with DoRA and rsLoRA)")
+    init = cfg.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower().startswith(BASE_REWRITING_INITS):
+        raise ModelError(f"{source}: init_lora_weights {init!r}: PEFT made this adapter on a base "
+                         "it rewrote (PiSSA, OLoRA, CorDA), and it is wrong on any other; have "
+                         "PEFT save it as plain LoRA (save_pretrained with "
+                         "path_initial_model_for_weight_conversion) and give that one")
     targets = cfg.get("target_modules") or sorted({p.rsplit(".", 1)[-1] for p in paths})
     layers = cfg.get("layers_to_transform")
     try:

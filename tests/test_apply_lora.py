@@ -291,12 +291,16 @@ def test_load_adapter_layers_to_transform_as_int(hf_dir, tmp_path):
     ({"peft_type": "IA3"}, "peft_type 'IA3' is no LoRA adapter"),
     ({"target_modules": "k_proj"}, "target_modules: 'k_proj' matched no linear module"),
     ({"layers_to_transform": 7}, "layers_to_transform: the model has no layer 7"),
+    ({"init_lora_weights": "pissa_niter_4"}, "init_lora_weights 'pissa_niter_4': PEFT made "
+                                             "this adapter on a base it rewrote"),
+    ({"init_lora_weights": "olora"}, "init_lora_weights 'olora': .*path_initial_model_for"),
 ])
 def test_adapter_config_values_are_named_by_the_file_s_keys(hf_dir, tmp_path, change, problem):
     """adapter_config.json's values were checked as a YAML lora: section and named so
-    ("lora: alpha: ..."), a non-LoRA peft_type was read as LoRA, and rank_pattern [1] was an
-    internal AttributeError. (A string target_modules is a regex of the whole module name,
-    as in PEFT, so 'k_proj' alone matches none.)"""
+    ("lora: alpha: ..."), a non-LoRA peft_type was read as LoRA, rank_pattern [1] was an
+    internal AttributeError, and a PiSSA / OLoRA adapter (trained against a base PEFT rewrote
+    to W minus the adapter's start) was applied to W as it is. (A string target_modules is a
+    regex of the whole module name, as in PEFT, so 'k_proj' alone matches none.)"""
     save_adapter(apply_lora(_model(hf_dir), {"targets": ["k_proj"], "rank": 2}), tmp_path)
     path = tmp_path / "adapter_config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
