@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import QuantError
 from .blockwise import DQ_BLOCK, DQ_CODE_SIZE
-from .presets import PRESETS
+from .presets import FALLBACK, PRESETS
 from .registry import BLOCK_SIZES, FLAT, FORMATS, GGUF_FORMATS, REGISTRY
 
 __all__ = ["BLOCK_SIZES", "DEFAULT_BLOCK_SIZE", "DQ_BLOCK", "DQ_CODE_SIZE", "FORMATS",
@@ -72,8 +72,12 @@ def check_shape(fmt, shape, name=None):
         if len(shape) != 2:
             raise QuantError(f"{fmt} needs a 2-D (N, K) weight; {_who(name)} has shape {shape}")
         if shape[1] % elems:
-            hint = (f"; the presets {', '.join(PRESETS)} fall back for such rows, as llama.cpp "
-                    "does" if fmt in PRESETS.values() else "")
+            hint = ""
+            if fmt in PRESETS.values():
+                hint = (f"; the presets {', '.join(PRESETS)} fall back for such rows, as "
+                        "llama.cpp does")
+            elif fmt in FALLBACK:
+                hint = f"; {FALLBACK[fmt]} takes such rows (what llama.cpp falls back to)"
             raise QuantError(f"{fmt} needs a row length K that is a multiple of {elems}; "
                              f"{_who(name)} has shape {shape}{hint}")
     return shape

@@ -303,6 +303,8 @@ def test_bad_inputs_rejected():
         quantize(np.ones((4, 256), F32), "q2_k", name="w")
     with pytest.raises(QuantError, match="multiple of 32"):
         quantize(np.ones((4, 40), F32), "q4_0", name="w")
+    with pytest.raises(QuantError, match="multiple of 256; .*; iq4_nl takes such rows"):
+        quantize(np.ones((4, 320), F32), "iq4_xs", name="w")
     with pytest.raises(QuantError, match="2-D"):
         quantize(np.ones(64, F32), "q8_0", name="w")
     with pytest.raises(QuantError, match="block_size 48"):
