@@ -29,8 +29,7 @@ SHAPES = {  # name -> (N, K)
     "llama.down": (4096, 11008),
 }
 QUICK_SHAPES = ("smol.q_o", "smol.up", "llama.attn", "llama.up")
-FORMATS = ("nf4", "nf4+dq", "fp4", "int8", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",
-           "q4_k", "q5_k", "q6_k", "f16", "bf16", "iq4_nl", "iq4_xs")
+FORMATS = ("nf4", "nf4+dq", *(n for n in REGISTRY if n != "nf4"))  # every registry format
 QUICK_FORMATS = ("nf4", "nf4+dq", "int8", "q4_0", "q8_0", "q4_k", "q6_k")
 MS = (1, 8, 64, 512, 2048)
 GGML_LAYOUT = {n: f.layout for n, f in REGISTRY.items() if f.gguf_type is not None}

@@ -68,16 +68,17 @@ def _create_dynamic_map(signed=True):
     return table
 
 
-# IQ4_NL / IQ4_XS: the 16 int8 values a 4-bit code stands for (ggml's kvalues_iq4nl in
-# ggml-common.h), scaled by the block's fp16 d (IQ4_XS: times its 6-bit sub-block scale - 32).
-IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
-                      dtype=np.int8)
+# IQ4_NL / IQ4_XS: the 16 values (int8 in ggml: kvalues_iq4nl in ggml-common.h), ascending, a
+# 4-bit code stands for, scaled by the block's fp16 d (IQ4_XS: times its 6-bit sub-block scale
+# - 32); float32 as the other tables
+IQ4_CODE = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                    dtype=_F32)
 
 DYNAMIC_MAP = _create_dynamic_map()
 # The unsigned map bitsandbytes' 8-bit optimizers keep Adam's second moment in.
 DYNAMIC_MAP_UNSIGNED = _create_dynamic_map(signed=False)
 DYNAMIC_MAP.setflags(write=False)
 DYNAMIC_MAP_UNSIGNED.setflags(write=False)
-for _table in (NF4_CODE, NF4_PIVOTS, FP4_CODE, FP4_PIVOTS, FP4_RANK_TO_CODE, IQ4_VALUES):
+for _table in (NF4_CODE, NF4_PIVOTS, FP4_CODE, FP4_PIVOTS, FP4_RANK_TO_CODE, IQ4_CODE):
     _table.setflags(write=False)
 

@@ -3,7 +3,7 @@
 at once.
 
   each 32-value sub-block gets a scale d from a weighted least-squares search (weights x^2):
-  codes are the table values (codebooks.IQ4_VALUES) nearest x / d for d = max / 127 and for the
+  codes are the table values (codebooks.IQ4_CODE) nearest x / d for d = max / 127 and for the
   fifteen inverse scales (i - 127) / max, i in -7..7 (which map the largest value onto the
   table's negative end), d refitted to each candidate's codes; the best fit wins
   IQ4_NL   the block's d as fp16, codes nearest x / d
@@ -13,21 +13,20 @@ The byte layouts are the decoders' (quant/iquants.py); gguf.quants decodes the r
 """
 import numpy as np
 
-from .codebooks import IQ4_VALUES
+from .codebooks import IQ4_CODE
 from .ggml import row_quantizer
 from .iquants import SUB_ELEMS, pack_codes
 
 _F32 = np.float32
-_VALUES = IQ4_VALUES.astype(_F32)  # ascending
 _NTRY = 7
 _EPS = _F32(1e-15)  # a sub-block whose largest |x| is below this is all zeros
 
 
 def nearest_code(v):
     """The index of the table value nearest each v (ggml's best_index_int8: ties go up)."""
-    hi = np.clip(np.searchsorted(_VALUES, v, side="right"), 1, len(_VALUES) - 1)
+    hi = np.clip(np.searchsorted(IQ4_CODE, v, side="right"), 1, len(IQ4_CODE) - 1)
     lo = hi - 1
-    return np.where(v - _VALUES[lo] < _VALUES[hi] - v, lo, hi).astype(np.uint8)
+    return np.where(v - IQ4_CODE[lo] < IQ4_CODE[hi] - v, lo, hi).astype(np.uint8)
 
 
 def _inverse(d):
@@ -37,7 +36,7 @@ def _inverse(d):
 
 def _fit(x, w, inv):
     """(sum w q x, sum w q^2), (S, 1) each, of codes nearest x * inv for rows x (S, 32)."""
-    q = _VALUES[nearest_code(x * inv)]
+    q = IQ4_CODE[nearest_code(x * inv)]
     return (w * q * x).sum(axis=1, keepdims=True), (w * q * q).sum(axis=1, keepdims=True)
 
 
@@ -47,11 +46,11 @@ def fit_scales(x):
     mx = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)        # (S, 1)
     zero = np.abs(mx) < _EPS
     mx = np.where(zero, _F32(1), mx)
-    sqx, sq2 = _fit(x, w, _inverse(-mx / _VALUES[0]))
+    sqx, sq2 = _fit(x, w, _inverse(-mx / IQ4_CODE[0]))
     d = sqx / np.where(sq2 > 0, sq2, _F32(1))
     best = d * sqx
     for i in range(-_NTRY, _NTRY + 1):
-        sqx, sq2 = _fit(x, w, (_F32(i) + _VALUES[0]) / mx)
+        sqx, sq2 = _fit(x, w, (_F32(i) + IQ4_CODE[0]) / mx)
         take = (sq2 > 0) & (sqx * sqx > best * sq2)
         d = np.where(take, sqx / np.where(sq2 > 0, sq2, _F32(1)), d)
         best = np.where(take, d * sqx, best)

@@ -1,12 +1,12 @@
 """GGUF/ggml IQ4_NL and IQ4_XS reference decoders, and where their codes and scales sit:
-4-bit codes looked up in a 16-value non-linear table (codebooks.IQ4_VALUES), numpy.
+4-bit codes looked up in a 16-value non-linear table (codebooks.IQ4_CODE), numpy.
 
   IQ4_NL  blocks of 32: fp16 d, then 16 bytes holding code j in the low nibble of byte j and
-          code j + 16 in the high one (Q4_0's order); x = d * IQ4_VALUES[q]
+          code j + 16 in the high one (Q4_0's order); x = d * IQ4_CODE[q]
   IQ4_XS  super-blocks of 256 in eight sub-blocks of 32: fp16 d, a little-endian uint16 holding
           bits 4-5 of sub-block i's 6-bit scale at bits 2i, 4 bytes holding bits 0-3 (sub-block
           i in nibble i % 2 of byte i // 2), then sub-block i's 32 codes in 16 bytes as IQ4_NL's;
-          x = d * (scale_i - 32) * IQ4_VALUES[q]
+          x = d * (scale_i - 32) * IQ4_CODE[q]
 
 ggml's block_iq4_nl / block_iq4_xs (ggml-common.h) and dequantize_row_iq4_* (ggml-quants.c)
 define them; the byte offsets are the format's registry layout. IQ4_XS's `sub_scales_at` is
@@ -14,11 +14,10 @@ the uint16 of high bits, its 4 bytes of low bits follow it.
 """
 import numpy as np
 
-from .codebooks import IQ4_VALUES
+from .codebooks import IQ4_CODE
 from .ggml import fp16_from, row_dequantizer
 
 _F32 = np.float32
-_TABLE = IQ4_VALUES.astype(_F32)
 SUB_ELEMS = 32
 
 
@@ -64,7 +63,7 @@ def element_scales(blocks, layout):
 
 def _decode(blocks, layout):
     """(r, nb, BPB) uint8 -> (r, nb, elems) float32."""
-    return element_scales(blocks, layout) * _TABLE[unpack_codes(blocks[..., code_bytes(layout)])]
+    return element_scales(blocks, layout) * IQ4_CODE[unpack_codes(blocks[..., code_bytes(layout)])]
 
 
 # -- the reference decoders of the registry (quant/registry.py) ---------------------------------

@@ -22,7 +22,7 @@ from .blockwise import (
     quantize_int8_codec,
     quantize_nf4,
 )
-from .codebooks import FP4_CODE, IQ4_VALUES, NF4_CODE
+from .codebooks import FP4_CODE, IQ4_CODE, NF4_CODE
 from .ggml import (
     dequantize_q4_0,
     dequantize_q4_1,
@@ -154,10 +154,10 @@ REGISTRY = {f.name: f for f in (
     # 4-bit codes looked up in a 16-value table (quant/iquants.py, iquant_encode.py); IQ4_XS's
     # sub-block scales: a uint16 of high bits at sub_scales_at, 4 bytes of low nibbles after it
     _ggml(GGML.IQ4_NL, BlockLayout(32, 18, 4, codes_at=2, scale_at=0),
-          (quantize_iq4_nl, dequantize_iq4_nl), codebook=IQ4_VALUES.astype(np.float32)),
+          (quantize_iq4_nl, dequantize_iq4_nl), codebook=IQ4_CODE),
     _ggml(GGML.IQ4_XS, BlockLayout(256, 136, 4, codes_at=8, scale_at=0, sub_scales_at=2,
                                    sub_elems=32),
-          (quantize_iq4_xs, dequantize_iq4_xs), codebook=IQ4_VALUES.astype(np.float32)),
+          (quantize_iq4_xs, dequantize_iq4_xs), codebook=IQ4_CODE),
 )}
 
 FORMATS = tuple(REGISTRY)

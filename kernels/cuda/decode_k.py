@@ -32,8 +32,8 @@ Q6_CODES, Q6_HIGH, Q6_SC, Q6_D = _L6.codes_at, _L6.high_bits_at, _L6.sub_scales_
 _LNL, _LXS = REGISTRY["iq4_nl"].layout, REGISTRY["iq4_xs"].layout
 NL_CODES, NL_D = _LNL.codes_at, _LNL.scale_at
 XS_CODES, XS_SC, XS_D = _LXS.codes_at, _LXS.sub_scales_at, _LXS.scale_at
-IQ4_TABLE = np.asarray(REGISTRY["iq4_nl"].codebook, np.float32)
-assert np.array_equal(IQ4_TABLE, REGISTRY["iq4_xs"].codebook)
+IQ4_TABLE = REGISTRY["iq4_nl"].codebook  # float32 (codebooks.IQ4_CODE)
+assert IQ4_TABLE is REGISTRY["iq4_xs"].codebook
 assert (Q4_SC, Q4_D, Q4_M) == (Q5_SC, Q5_D, Q5_M)  # block_affine reads both at Q4_K's bytes
 # the ggml blocks of 32: one fp16 d at byte 0 (the affines below read it there), and ids up
 # to Q5_1's (`fmt <= Q5_1` below picks them among the block formats)

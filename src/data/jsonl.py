@@ -34,8 +34,7 @@ def read_jsonl(path, name: str | None = None) -> Iterator[tuple[str, dict]]:
     started = False
     with p.open("rb") as f:  # bytes, decoded line by line: an error names its own line
         for lineno, raw in enumerate(f, start=1):
-            line = _decoded(raw[len(BOM):] if lineno == 1 and raw.startswith(BOM) else raw,
-                            f"{name}:{lineno}")  # Windows editors start with a BOM
+            line = _decoded(_without_bom(raw) if lineno == 1 else raw, f"{name}:{lineno}")
             if not line.strip():
                 continue
             if not started and line.lstrip().startswith("["):
@@ -45,6 +44,11 @@ def read_jsonl(path, name: str | None = None) -> Iterator[tuple[str, dict]]:
         else:
             return
     yield from _array(p, name)
+
+
+def _without_bom(raw: bytes) -> bytes:
+    """A file's first bytes without the BOM Windows editors start files with."""
+    return raw[len(BOM):] if raw.startswith(BOM) else raw
 
 
 def _decoded(raw: bytes, where: str) -> str:
@@ -73,7 +77,7 @@ def _array(p: Path, name: str) -> Iterator[tuple[str, dict]]:
     """The records of a file that is one JSON array (read whole: its JSON text, then its
     objects, are in memory together)."""
     raw = p.read_bytes()
-    text = _decoded(raw[len(BOM):] if raw.startswith(BOM) else raw, name)
+    text = _decoded(_without_bom(raw), name)
     try:
         records = json.loads(text)
     except json.JSONDecodeError as exc:
