@@ -33,10 +33,10 @@ def _fp16(v):
 def fit_scale_min(x, w, nmax, rmin, rdelta, nstep):
     """x, w (S, n): per row the (scale, min >= 0, codes in [0, nmax]) minimising the weighted
     error of x ~ scale * q - min over nstep + 1 candidate scales (make_qkx2_quants)."""
+    top = x.max(axis=1)[:, None]
     lo = np.minimum(x.min(axis=1), 0)[:, None]                          # (S, 1)
-    span = x.max(axis=1)[:, None] - lo
-    flat = span[:, 0] == 0
-    span = np.where(span == 0, _F32(1), span)
+    flat = (top == lo)[:, 0]
+    span = np.where(flat[:, None], _F32(1), top - lo)
     sum_w = w.sum(axis=1, keepdims=True)
     sum_x = (w * x).sum(axis=1, keepdims=True)
     iscale = _F32(nmax) / span
@@ -44,9 +44,10 @@ def fit_scale_min(x, w, nmax, rmin, rdelta, nstep):
     q = np.clip(_rint(iscale * (x - lo)), 0, nmax)
     best = (w * (scale * q + lo - x) ** 2).sum(axis=1, keepdims=True)
     mn = lo
-    for step in range(nstep + 1):
-        iscale = (_F32(rmin + rdelta * step) + _F32(nmax)) / span
-        cand = np.clip(_rint(iscale * (x - lo)), 0, nmax)
+    for step in range(nstep + 1):    # each candidate grid starts at the best min so far
+        span = top - mn
+        iscale = (_F32(rmin + rdelta * step) + _F32(nmax)) / np.where(span > 0, span, _F32(1))
+        cand = np.clip(_rint(iscale * (x - mn)), 0, nmax)
         sum_l = (w * cand).sum(axis=1, keepdims=True)
         sum_l2 = (w * cand * cand).sum(axis=1, keepdims=True)
         sum_xl = (w * cand * x).sum(axis=1, keepdims=True)
