@@ -15,9 +15,9 @@ from .formats import (
 from .io import load_packed, save_packed
 from .packed import PackedWeight
 from .quantizer import quantize
-from .registry import BY_GGUF_NAME, GGUF_TYPE_NAMES, QUANTIZABLE, REGISTRY, BlockLayout, Format
+from .registry import BY_GGUF_NAME, GGUF_TYPE_NAMES, REGISTRY, BlockLayout, Format
 
 __all__ = ["BLOCK_SIZES", "BY_GGUF_NAME", "DYNAMIC_MAP", "FORMATS", "FP4_CODE", "GGUF_TYPE_NAMES",
-           "NF4_CODE", "QUANTIZABLE", "REGISTRY", "BlockLayout", "Format", "PackedWeight",
+           "NF4_CODE", "REGISTRY", "BlockLayout", "Format", "PackedWeight",
            "bits_per_weight", "buffer_spec", "check_buffers", "check_format", "check_layout",
            "dequantize_absmax", "load_packed", "packed_nbytes", "quantize", "save_packed"]

@@ -1,7 +1,13 @@
-"""Quantizing float rows to the K-quants Q4_K, Q5_K and Q6_K in numpy, with the quality of
-ggml's reference quantizer (the iterative searches of quantize_row_q*_K_ref in ggml-quants.c),
-every sub-block of a tensor at once.
+"""Quantizing float rows to the K-quants Q2_K ... Q6_K in numpy, with the quality of ggml's
+reference quantizer (the iterative searches of quantize_row_q*_K_ref in ggml-quants.c), every
+sub-block of a tensor at once.
 
+  Q2_K         each 16-value sub-block gets a scale and a min from the Q4_K search with 2-bit
+               codes (weights |x|, absolute rather than squared errors); the sixteen scales and
+               mins become 4 bits each against fp16 d = max/15, dmin likewise
+  Q3_K         each 16-value sub-block gets a signed scale from -4 / max, then each code is
+               moved in turn where that lowers the error (weights x^2, five sweeps); the sixteen
+               scales become 6 bits against fp16 d = -max/32
   Q4_K / Q5_K  each 32-value sub-block gets a scale and a min from a weighted least-squares
                search over candidate inverse scales (weights |x| + rms of the sub-block); the
                eight scales and mins are then quantized to 6 bits against the block's largest
@@ -30,9 +36,14 @@ def _fp16(v):
     return h.astype(_F32), h[..., None].view(np.uint8)
 
 
-def fit_scale_min(x, w, nmax, rmin, rdelta, nstep):
+def fit_scale_min(x, w, nmax, rmin, rdelta, nstep, mad=False):
     """x, w (S, n): per row the (scale, min >= 0, codes in [0, nmax]) minimising the weighted
-    error of x ~ scale * q - min over nstep + 1 candidate scales (make_qkx2_quants)."""
+    error of x ~ scale * q - min over nstep + 1 candidate scales (make_qkx2_quants); mad:
+    absolute errors, else squared."""
+    def error(scale, q, mn):
+        diff = scale * q + mn - x
+        return (w * (np.abs(diff) if mad else diff * diff)).sum(axis=1, keepdims=True)
+
     top = x.max(axis=1)[:, None]
     lo = np.minimum(x.min(axis=1), 0)[:, None]                          # (S, 1)
     flat = (top == lo)[:, 0]
@@ -42,7 +53,7 @@ def fit_scale_min(x, w, nmax, rmin, rdelta, nstep):
     iscale = _F32(nmax) / span
     scale = 1 / iscale
     q = np.clip(_rint(iscale * (x - lo)), 0, nmax)
-    best = (w * (scale * q + lo - x) ** 2).sum(axis=1, keepdims=True)
+    best = error(scale, q, lo)
     mn = lo
     for step in range(nstep + 1):    # each candidate grid starts at the best min so far
         span = top - mn
@@ -59,7 +70,7 @@ def fit_scale_min(x, w, nmax, rmin, rdelta, nstep):
         pos = this_min > 0
         this_scale = np.where(pos, sum_xl / np.where(sum_l2 > 0, sum_l2, _F32(1)), this_scale)
         this_min = np.where(pos, _F32(0), this_min)
-        err = (w * (this_scale * cand + this_min - x) ** 2).sum(axis=1, keepdims=True)
+        err = error(this_scale, cand, this_min)
         take = ok & (err < best) & ~flat[:, None]
         q = np.where(take, cand, q)
         best = np.where(take, err, best)
@@ -68,6 +79,88 @@ def fit_scale_min(x, w, nmax, rmin, rdelta, nstep):
     scale = np.where(flat[:, None], _F32(0), scale)
     q = np.where(flat[:, None], _F32(0), q)
     return scale[:, 0], -mn[:, 0], q
+
+
+def _planes_2bit(q):
+    """(B, 256) codes < 4 -> (B, 64) bytes: value 128h + 32j + l at bits 2j of byte 32h + l."""
+    g = q.reshape(-1, 2, 4, 32).astype(np.uint8)
+    shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+    return (g << shifts).sum(axis=2, dtype=np.uint8).reshape(-1, 64)
+
+
+def _q2_k(blocks):
+    r, nb, _ = blocks.shape
+    x = blocks.reshape(r * nb * 16, 16)
+    scales, mins, q = fit_scale_min(x, np.abs(x), 3, -0.5, _F32(0.1), 15, mad=True)
+    scales, mins = scales.reshape(-1, 16), mins.reshape(-1, 16)                # (B, 16)
+    top_s = np.maximum(scales.max(axis=1, keepdims=True), 0)
+    top_m = np.maximum(mins.max(axis=1, keepdims=True), 0)
+    inv_s = np.where(top_s > 0, _F32(15) / np.where(top_s > 0, top_s, 1), 0)
+    inv_m = np.where(top_m > 0, _F32(15) / np.where(top_m > 0, top_m, 1), 0)
+    ls = np.clip(_rint(inv_s * scales), 0, 15).astype(np.uint8)
+    lm = np.clip(_rint(inv_m * mins), 0, 15).astype(np.uint8)
+    d, d_bytes = _fp16(top_s / _F32(15))
+    dmin, dmin_bytes = _fp16(top_m / _F32(15))
+    sub_d = (d * ls).reshape(-1, 1)
+    sub_m = (dmin * lm).reshape(-1, 1)
+    redo = np.clip(_rint((x + sub_m) / np.where(sub_d == 0, 1, sub_d)), 0, 3)
+    q = np.where(sub_d != 0, redo, q).reshape(-1, QK_K)
+    return np.concatenate([ls | (lm << 4), _planes_2bit(q), d_bytes.reshape(-1, 2),
+                           dmin_bytes.reshape(-1, 2)], axis=1).reshape(r, nb, 84)
+
+
+def fit_q3_scale(x, nmax):
+    """x (S, n): per row the scale and codes in [0, 2 nmax) of x ~ scale * (q - nmax), weights
+    x^2: codes from -nmax / max, then each moved in turn to its best value for the others while
+    that lowers the error, up to five sweeps (make_q3_quants); an all-zero row gets codes 0."""
+    at = np.abs(x).argmax(axis=1)[:, None]
+    top = np.take_along_axis(x, at, axis=1)                             # signed (S, 1)
+    zero = np.abs(top)[:, 0] < _EPS
+    q = np.clip(_rint(-_F32(nmax) / np.where(zero[:, None], 1, top) * x), -nmax, nmax - 1)
+    w = x * x
+    sumlx, suml2 = (w * x * q).sum(axis=1), (w * q * q).sum(axis=1)    # (S,)
+    for _ in range(5):          # a row that stops changing stays put: no need to stop it early
+        for i in range(x.shape[1]):
+            wi, xi, li = w[:, i], x[:, i], q[:, i]
+            slx, sl2 = sumlx - wi * xi * li, suml2 - wi * li * li
+            pos = slx > 0
+            new = np.clip(_rint(xi * sl2 / np.where(pos, slx, 1)), -nmax, nmax - 1)
+            nlx, nl2 = slx + wi * xi * new, sl2 + wi * new * new
+            take = pos & (new != li) & (nl2 > 0) & (nlx * nlx * suml2 > sumlx * sumlx * nl2)
+            q[:, i] = np.where(take, new, li)
+            sumlx, suml2 = np.where(take, nlx, sumlx), np.where(take, nl2, suml2)
+    scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, 1), 0)
+    return np.where(zero, 0, scale), np.where(zero[:, None], 0, q + nmax)
+
+
+def _pack_q3_scales(ls):
+    """(B, 16) 6-bit scales -> (B, 12) bytes: low nibbles in bytes 0-7 (scale j >= 8 in the high
+    nibble of byte j - 8), bits 4-5 of scale j at shift 2 (j // 4) of byte 8 + j % 4."""
+    low = (ls[:, :8] & 15) | ((ls[:, 8:] & 15) << 4)
+    high = (ls >> 4).reshape(-1, 4, 4) << (2 * np.arange(4, dtype=np.uint8))[None, :, None]
+    return np.concatenate([low, high.sum(axis=1, dtype=np.uint8)], axis=1)
+
+
+def _q3_k(blocks):
+    r, nb, _ = blocks.shape
+    x = blocks.reshape(r * nb * 16, 16)
+    scales, q = fit_q3_scale(x, 4)
+    scales = scales.reshape(-1, 16)                                     # (B, 16)
+    at = np.abs(scales).argmax(axis=1)[:, None]
+    top = np.take_along_axis(scales, at, axis=1)                        # (B, 1) signed
+    empty = top == 0
+    iscale = np.where(empty, 0, _F32(-32) / np.where(empty, 1, top))
+    ls = (np.clip(_rint(iscale * scales), -32, 31) + 32).astype(np.uint8)
+    ls = np.where(empty, np.uint8(0), ls)
+    d, d_bytes = _fp16(np.where(empty, 0, 1 / np.where(empty, 1, iscale)))
+    sub_d = (d * (ls.astype(np.int16) - 32)).reshape(-1, 1)
+    redo = np.clip(_rint(x / np.where(sub_d == 0, 1, sub_d)), -4, 3) + 4
+    q = np.where(sub_d != 0, redo, q).astype(np.uint8).reshape(-1, 8, 32)  # value 32b + l
+    high = q > 3
+    hmask = (high << np.arange(8, dtype=np.uint8)[None, :, None]).sum(axis=1, dtype=np.uint8)
+    low = np.where(high, q - 4, q).reshape(-1, QK_K)
+    return np.concatenate([hmask, _planes_2bit(low), _pack_q3_scales(ls),
+                           d_bytes.reshape(-1, 2)], axis=1).reshape(r, nb, 110)
 
 
 def _pack_k4(ls, lm):
@@ -167,4 +260,5 @@ def _q6_k(blocks):
 
 
 # -- the reference quantizers of the registry (quant/registry.py) ---------------------------------
-quantize_q4_k, quantize_q5_k, quantize_q6_k = (row_quantizer(e) for e in (_q4_k, _q5_k, _q6_k))
+quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k = (
+    row_quantizer(e) for e in (_q2_k, _q3_k, _q4_k, _q5_k, _q6_k))

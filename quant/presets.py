@@ -5,16 +5,17 @@ src/llama-quant.cpp), for a Llama-family model without experts:
   attn_v and ffn_down   Q6_K in the layers that get more bits (the first and last eighth and
                         every third layer between), the preset's base type elsewhere
   every other linear    the base type (Q4_K, Q5_K)
-  a row length (K) that is no multiple of 256 falls back: Q4_K -> Q5_0, Q5_K -> Q5_1,
-  Q6_K -> Q8_0, IQ4_XS -> IQ4_NL (what llama.cpp does, e.g. for every tensor of SmolLM2 whose
-  rows are 576 long)
+  a row length (K) that is no multiple of 256 falls back: Q2_K / Q3_K -> Q4_0, Q4_K -> Q5_0,
+  Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL (what llama.cpp does, e.g. for every tensor of
+  SmolLM2 whose rows are 576 long)
 Embeddings and the LM head are not linear weights here: they stay as every format keeps them.
 """
 from .registry import REGISTRY
 
 PRESETS = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}          # preset -> base type
 MORE_BITS = ("self_attn.v_proj", "mlp.down_proj")        # attn_v, ffn_down
-FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "iq4_xs": "iq4_nl"}
+FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0",
+            "iq4_xs": "iq4_nl"}
 
 
 def use_more_bits(layer, n_layers):

@@ -4,7 +4,7 @@ import numpy as np
 from ..errors import QuantError
 from .formats import check_double_quant, check_format, check_shape, resolve_block_size
 from .packed import PackedWeight, to_host
-from .registry import QUANTIZABLE, REGISTRY
+from .registry import REGISTRY
 
 
 def _as_float_array(array, name):
@@ -31,10 +31,6 @@ def quantize(array, format, block_size=None, double_quant=False, name=None):
     block_size = resolve_block_size(fmt, block_size, name)
     double_quant = check_double_quant(fmt, double_quant, name)
     entry = REGISTRY[fmt]
-    if not entry.quantizable:
-        raise QuantError(f"{fmt} weights cannot be made from float weights here "
-                         f"({name or 'tensor'}); load them packed, or quantize to one of: "
-                         f"{', '.join(QUANTIZABLE)}")
     array = _as_float_array(array, name)
     shape = check_shape(fmt, array.shape, name)
     buffers = entry.quantize(entry, array, block_size, double_quant, name)

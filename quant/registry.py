@@ -38,7 +38,13 @@ from .ggml import (
 from .halves import dequantize_bf16, dequantize_f16, quantize_bf16, quantize_f16
 from .iquant_encode import quantize_iq4_nl, quantize_iq4_xs
 from .iquants import dequantize_iq4_nl, dequantize_iq4_xs
-from .kquant_encode import quantize_q4_k, quantize_q5_k, quantize_q6_k
+from .kquant_encode import (
+    quantize_q2_k,
+    quantize_q3_k,
+    quantize_q4_k,
+    quantize_q5_k,
+    quantize_q6_k,
+)
 from .kquants import (
     dequantize_q2_k,
     dequantize_q3_k,
@@ -85,10 +91,9 @@ class Format:
     layout: BlockLayout
     default_block_size: int
     block_sizes: tuple
-    quantize: Callable | None  # None: not made from float here (quantizable False)
+    quantize: Callable
     dequantize: Callable
     gguf_type: GGML | None = None
-    quantizable: bool = True   # can be made from float weights here
     double_quant: bool = False  # takes double quantization of its absmax
     code_dtype: np.dtype = np.dtype(np.uint8)
     codebook: np.ndarray | None = None  # values of 4-bit codes, for table formats
@@ -111,9 +116,8 @@ def _blockwise(name, code_bits, codec, **kw):
 
 
 def _ggml(gguf_type, layout, codec, **kw):
-    quantizable = codec[0] is not None
     return Format(gguf_type.name.lower(), GGML_ROWS, layout, layout.elems, (layout.elems,),
-                  codec[0], codec[1], gguf_type=gguf_type, quantizable=quantizable, **kw)
+                  codec[0], codec[1], gguf_type=gguf_type, **kw)
 
 
 # F16 / BF16 rows as 32-value "blocks" of their 64 bytes (quant/halves.py).
@@ -138,9 +142,9 @@ REGISTRY = {f.name: f for f in (
     _ggml(GGML.Q5_1, BlockLayout(32, 24, 5, codes_at=8, scale_at=0, min_at=2, high_bits_at=4),
           (quantize_q5_1, dequantize_q5_1)),
     _ggml(GGML.Q2_K, BlockLayout(256, 84, 2, codes_at=16, scale_at=80, min_at=82,
-                                 sub_scales_at=0, sub_elems=16), (None, dequantize_q2_k)),
+                                 sub_scales_at=0, sub_elems=16), (quantize_q2_k, dequantize_q2_k)),
     _ggml(GGML.Q3_K, BlockLayout(256, 110, 3, codes_at=32, scale_at=108, high_bits_at=0,
-                                 sub_scales_at=96, sub_elems=16), (None, dequantize_q3_k)),
+                                 sub_scales_at=96, sub_elems=16), (quantize_q3_k, dequantize_q3_k)),
     _ggml(GGML.Q4_K, BlockLayout(256, 144, 4, codes_at=16, scale_at=0, min_at=2,
                                  sub_scales_at=4, sub_elems=32), (quantize_q4_k, dequantize_q4_k)),
     _ggml(GGML.Q5_K, BlockLayout(256, 176, 5, codes_at=48, scale_at=0, min_at=2,
@@ -161,7 +165,6 @@ REGISTRY = {f.name: f for f in (
 )}
 
 FORMATS = tuple(REGISTRY)
-QUANTIZABLE = tuple(n for n, f in REGISTRY.items() if f.quantizable)  # made from float here
 GGUF_FORMATS = tuple(n for n, f in REGISTRY.items() if f.storage == GGML_ROWS)
 # GGUF tensor type name -> format, for every GGUF type a loader keeps packed.
 BY_GGUF_NAME = {f.gguf_name: f for f in REGISTRY.values() if f.gguf_type is not None}

@@ -23,11 +23,13 @@ from .registry import GGML_ROWS, REGISTRY
 
 
 def _code_bytes(layout):
-    """Byte offsets of one block that hold code bits: the low 4 (or 8) bits, then high bits."""
-    low = 8 if layout.code_bits == 8 else 4
+    """Byte offsets of one block that hold code bits: the low bits (a power of two: 2, 4 or 8
+    per code) at codes_at, then the high bits (Q3_K's one, Q5's one, Q6_K's two)."""
+    bits = layout.code_bits
+    low = bits if layout.high_bits_at is None else 1 << (bits.bit_length() - 1)
     spans = [(layout.codes_at, layout.elems * low // 8)]
-    if layout.code_bits > low:
-        spans.append((layout.high_bits_at, layout.elems * (layout.code_bits - low) // 8))
+    if bits > low:
+        spans.append((layout.high_bits_at, layout.elems * (bits - low) // 8))
     return np.concatenate([np.arange(at, at + n) for at, n in spans])
 
 
@@ -53,8 +55,7 @@ class BitMap(NamedTuple):
 def bit_map(fmt) -> BitMap:
     """The BitMap of format `fmt`, probed once."""
     entry = REGISTRY[fmt]
-    if entry.storage != GGML_ROWS or not entry.quantizable or entry.float16 or \
-            entry.codebook is not None:
+    if entry.storage != GGML_ROWS or entry.float16 or entry.codebook is not None:
         raise QuantError(f"{fmt}: no stored grid to re-quantize onto")
     layout = entry.layout
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""Quantizing to Q4_K / Q5_K / Q6_K and IQ4_NL / IQ4_XS (quant/kquant_encode.py,
+"""Quantizing to the K-quants Q2_K ... Q6_K and IQ4_NL / IQ4_XS (quant/kquant_encode.py,
 iquant_encode.py) against llama.cpp's own quantizer, called through ggml_quantize_chunk in the
 libggml that llama-cpp-python ships: per-tensor RMSE within 2% of llama.cpp's on the same float
 tensors, nearly its bytes (the same searches; float32 sums in another order part near-ties), and
@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from packlora.quant import quantize
 
-KQUANTS = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q5_k": gguf.GGMLQuantizationType.Q5_K,
-           "q6_k": gguf.GGMLQuantizationType.Q6_K}
+KQUANTS = {f"q{b}_k": gguf.GGMLQuantizationType[f"Q{b}_K"] for b in range(2, 7)}
 TYPES = {**KQUANTS, "iq4_nl": gguf.GGMLQuantizationType.IQ4_NL,
          "iq4_xs": gguf.GGMLQuantizationType.IQ4_XS}
 
@@ -66,7 +65,10 @@ def test_rmse_within_two_percent_of_llama_cpp(fmt):
         theirs = gguf.quants.dequantize(raw, TYPES[fmt])
         rmse, ref = (float(np.sqrt(((v - x) ** 2).mean())) for v in (ours, theirs))
         assert rmse <= 1.02 * ref + 1e-12, f"{fmt} {name}: rmse {rmse:.3e} vs llama.cpp {ref:.3e}"
-        assert (pw.buffers["blocks"] == raw).mean() > 0.99, (fmt, name)
+        # Q2_K weighs absolute errors: grids of exactly equal error are common, and float32
+        # sums in another order pick another of them (2% of the heavy-tailed tensor's bytes)
+        assert (pw.buffers["blocks"] == raw).mean() > (0.97 if fmt == "q2_k" else 0.99), \
+            (fmt, name)
 
 
 @pytest.mark.parametrize("fmt", sorted(KQUANTS))
@@ -79,9 +81,12 @@ def test_kquants_round_trip_without_llama_cpp(fmt):
     def rmse(f):
         return float(np.sqrt(((quantize(x, f).dequantize() - x) ** 2).mean()))
     assert np.all(quantize(x, fmt).dequantize()[2] == 0)
-    legacy = {"q4_k": rmse("q4_0"), "q5_k": rmse("q5_1"), "q6_k": rmse("q8_0") * 4}[fmt]
+    # each bit fewer doubles the error: Q2_K and Q3_K are about two and one bits below Q4_0
+    legacy = {"q2_k": rmse("q4_0") * 4, "q3_k": rmse("q4_0") * 2, "q4_k": rmse("q4_0"),
+              "q5_k": rmse("q5_1"), "q6_k": rmse("q8_0") * 4}[fmt]
     assert rmse(fmt) < legacy
     with pytest.raises(Exception, match="multiple of 256") as err:
         quantize(np.ones((2, 320), np.float32), fmt)
-    # the presets built on q4_k / q5_k fall back for such rows: the message says so
-    assert ("presets q4_k_m, q5_k_m fall back" in str(err.value)) == (fmt != "q6_k")
+    # the presets built on q4_k / q5_k fall back for such rows, the others name their fallback
+    hint = {"q2_k": "q4_0 takes", "q3_k": "q4_0 takes", "q6_k": "q8_0 takes"}
+    assert hint.get(fmt, "presets q4_k_m, q5_k_m fall back") in str(err.value)

@@ -144,7 +144,8 @@ def test_fine_tune_a_q4_k_m_file_and_resume(files, tmp_path):
     assert [r["step"] for r in more.history] == [5, 6]
 
 
-# --- a Llama layout whose rows are whole super-blocks: Q4_K / Q6_K, IQ4_XS after llama.cpp ---
+# --- a Llama layout whose rows are whole super-blocks, quantized by llama.cpp: its K-quant ---
+# --- mixes Q4_K_M, Q3_K_M and Q2_K, and IQ4_XS --------------------------------------------
 WIDE = {"vocab": 512, "hidden": 256, "inter": 768, "layers": 4, "heads": 4, "kv_heads": 2}
 
 
@@ -187,7 +188,8 @@ def _wide_f32_gguf(path):
 
 
 # The linear weights' types llama.cpp stores at these widths (no fallbacks), and up_proj's
-WIDE_STORED = {"q4_k_m": ({"Q4_K", "Q6_K"}, "q4_k"), "iq4_xs": ({"IQ4_XS"}, "iq4_xs")}
+WIDE_STORED = {"q4_k_m": ({"Q4_K", "Q6_K"}, "q4_k"), "iq4_xs": ({"IQ4_XS"}, "iq4_xs"),
+               "q3_k_m": ({"Q3_K", "Q4_K", "Q5_K"}, "q3_k"), "q2_k": ({"Q2_K", "Q3_K"}, "q2_k")}
 
 
 @pytest.fixture(scope="module", params=list(WIDE_STORED))

@@ -28,7 +28,6 @@ from packlora.quant import formats as quant_formats
 from packlora.quant.presets import PRESETS
 
 GGUF_ENTRIES = [f for f in REGISTRY.values() if f.gguf_type is not None]
-QUANTIZABLE = [f for f in REGISTRY.values() if f.quantizable]
 
 
 def test_registry_names_are_the_public_formats():
@@ -53,8 +52,8 @@ def test_gguf_block_layout_matches_gguf(entry):
 
 # gguf.quants quantizes the blocks of 32 but IQ4_NL; the K-quants' and IQ4's quantizers are
 # checked against llama.cpp's (tests/test_kquant_quality.py)
-@pytest.mark.parametrize("entry", [f for f in GGUF_ENTRIES if f.quantizable
-                                   and f.layout.elems == 32 and f.codebook is None],
+@pytest.mark.parametrize("entry", [f for f in GGUF_ENTRIES
+                                   if f.layout.elems == 32 and f.codebook is None],
                          ids=lambda f: f.name)
 def test_gguf_reference_codec_is_gguf_quants(entry):
     x = np.random.default_rng(3).standard_normal((4, 2 * entry.layout.elems)).astype(np.float32)
@@ -79,7 +78,7 @@ def test_gguf_reference_decoder_is_gguf_quants(entry):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("entry", QUANTIZABLE, ids=lambda f: f.name)
+@pytest.mark.parametrize("entry", REGISTRY.values(), ids=lambda f: f.name)
 def test_every_entry_round_trips_through_its_codec(entry):
     x = np.random.default_rng(4).standard_normal((6, 256)).astype(np.float32)
     pw = quantize(x, entry.name, double_quant=entry.double_quant)

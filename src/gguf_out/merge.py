@@ -16,7 +16,7 @@ from ..errors import ModelError
 from ..models.gguf_file import gguf_name, hf_name
 from ..models.identity import base_identity
 from ..models.tensors import EMBEDDING_WEIGHTS, PROJECTIONS
-from ..quant import BY_GGUF_NAME, QUANTIZABLE, REGISTRY
+from ..quant import BY_GGUF_NAME, REGISTRY
 from ..quant.presets import FALLBACK, PRESETS, preset_format
 from ..quant.regrid import requantize_on_grid
 from .codec import decode_rows, encode_rows
@@ -32,7 +32,7 @@ CHUNK_ELEMS = 1 << 20  # values merged at a time
 WORKSET_BYTES_PER_VALUE = 56
 COPY_STEP = 1 << 24  # bytes an untouched tensor is copied by
 TARGETS = tuple(dict.fromkeys((*PRESETS, *FLOAT_TYPES, *(
-    f for f in QUANTIZABLE if REGISTRY[f].gguf_type is not None))))
+    f.name for f in BY_GGUF_NAME.values()))))
 
 
 class Job:
@@ -105,17 +105,6 @@ def _hf_order(name):
     return rank, layer or 0, name
 
 
-def _check_jobs(jobs):
-    for j in jobs:
-        if j.copy:
-            continue
-        fmt = BY_GGUF_NAME.get(j.out_type.name)
-        if j.out_type not in FLOAT_TYPES.values() and (fmt is None or not fmt.quantizable):
-            raise ModelError(f"tensor {j.gguf!r} is stored as {j.out_type.name}, which packlora "
-                             "cannot quantize to; choose a type with --quantize (one of "
-                             f"{', '.join(TARGETS)})")
-
-
 def merge_to_gguf(model, adapter, out, quantize_to=None, base_mode=None):
     """Write base `model` (name, HF folder or .gguf) with the PEFT adapter `adapter` merged in
     as a GGUF file at `out`; `quantize_to`: a type or preset for the linear weights (default:
@@ -134,7 +123,6 @@ def merge_to_gguf(model, adapter, out, quantize_to=None, base_mode=None):
         quantize_to = "f16"
     deltas.check_mergeable(base.source)
     jobs = _plan_jobs(base, deltas, quantize_to, mode)
-    _check_jobs(jobs)
     deltas.check_base(base_identity(model, base.path, None))  # shapes fit: is it its base?
     kv = gguf_base_kv(base.gguf) if base.gguf else hf_base_kv(base, model)
     kv = file_type_kv(kv, quantize_to) if quantize_to is not None else kv
@@ -181,8 +169,7 @@ class _Reader:
 def _on_own_grid(job):
     """Whether a merged weight goes back onto the grid it is stored on (see quant.regrid)."""
     fmt = BY_GGUF_NAME.get(job.in_type.name)
-    return (job.merge and job.out_type == job.in_type and fmt is not None and fmt.quantizable
-            and not fmt.float16)
+    return job.merge and job.out_type == job.in_type and fmt is not None and not fmt.float16
 
 
 def _whole_in_gguf_order(base, deltas, job, reader):

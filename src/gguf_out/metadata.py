@@ -20,6 +20,7 @@ from ..tokenizer import Tokenizer
 FILE_TYPE, CHAT_TEMPLATE = "general.file_type", "tokenizer.chat_template"
 # --quantize -> general.file_type (llama.cpp's llama_ftype)
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
+              "q2_k": LlamaFileType.MOSTLY_Q2_K, "q3_k": LlamaFileType.MOSTLY_Q3_K_S,
               "bf16": LlamaFileType.MOSTLY_BF16, "q4_0": LlamaFileType.MOSTLY_Q4_0,
               "q4_1": LlamaFileType.MOSTLY_Q4_1, "q5_0": LlamaFileType.MOSTLY_Q5_0,
               "q5_1": LlamaFileType.MOSTLY_Q5_1, "q8_0": LlamaFileType.MOSTLY_Q8_0,
