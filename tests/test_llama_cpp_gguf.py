@@ -1,9 +1,9 @@
-"""SmolLM2 re-quantized by llama.cpp itself (llama_model_quantize: Q4_K_M, Q5_K_M, Q6_K and
-IQ4_XS mixes, with llama.cpp's fallbacks for 576-wide rows (IQ4_XS's: IQ4_NL), and F16 / BF16
-files, whose linear weights stay 16-bit under quant "none") loads with every tensor in its
-stored type, gives the last-position logits of an independent float32 forward written here
-from the GGUF's own tensors (llama.cpp's layout: permuted Q/K rows, adjacent-pair RoPE), and
-fine-tunes."""
+"""SmolLM2 re-quantized by llama.cpp itself (llama_model_quantize: Q3_K_M, Q4_K_M, Q5_K_M,
+Q6_K and IQ4_XS mixes, with llama.cpp's fallbacks for 576-wide rows (IQ4_XS's: IQ4_NL), and
+F16 / BF16 files, whose linear weights stay 16-bit under quant "none") loads with every tensor
+in its stored type, gives the last-position logits of an independent float32 forward written
+here from the GGUF's own tensors (llama.cpp's layout: permuted Q/K rows, adjacent-pair RoPE),
+and fine-tunes."""
 import ctypes
 import importlib.util
 
@@ -16,12 +16,12 @@ from packlora.models import model_tensors
 from packlora.models.gguf_file import gguf_name
 from packlora.training.run import finetune
 
-FTYPES = ("q4_k_m", "q5_k_m", "q6_k", "iq4_xs", "f16", "bf16")
+FTYPES = ("q3_k_m", "q4_k_m", "q5_k_m", "q6_k", "iq4_xs", "f16", "bf16")
 # Types among a file's linear weights that show llama.cpp's choice was kept (576-wide rows
 # fall back from the super-blocks of 256: IQ4_XS to IQ4_NL)
-STORED = {"q4_k_m": {"Q4_K", "Q5_K", "Q6_K"}, "q5_k_m": {"Q4_K", "Q5_K", "Q6_K"},
-          "q6_k": {"Q4_K", "Q5_K", "Q6_K"}, "iq4_xs": {"IQ4_NL"}, "f16": {"F16"},
-          "bf16": {"BF16"}}
+STORED = {"q3_k_m": {"Q4_K", "Q5_K"}, "q4_k_m": {"Q4_K", "Q5_K", "Q6_K"},
+          "q5_k_m": {"Q4_K", "Q5_K", "Q6_K"}, "q6_k": {"Q4_K", "Q5_K", "Q6_K"},
+          "iq4_xs": {"IQ4_NL"}, "f16": {"F16"}, "bf16": {"BF16"}}
 SIXTEEN_BIT = ("f16", "bf16")  # linear weights kept 16-bit at rest: loaded with quant "none"
 PROMPT = "The Eiffel Tower is in the city of"
 
@@ -115,10 +115,10 @@ def test_llama_cpp_mix_loads_packed_and_matches_a_float_forward(files, name):
     assert np.abs(got - want).max() < 5e-3, float(np.abs(got - want).max())
 
 
-@pytest.mark.parametrize("name", ["q4_k_m", "q5_k_m"])
+@pytest.mark.parametrize("name", ["q3_k_m", "q4_k_m", "q5_k_m"])
 def test_presets_pick_the_types_llama_cpp_picked(files, name):
-    """packlora's q4_k_m / q5_k_m presets (quant/presets.py) against the types llama.cpp chose
-    for every linear weight of the same model."""
+    """packlora's q3_k_m / q4_k_m / q5_k_m presets (quant/presets.py) against the types
+    llama.cpp chose for every linear weight of the same model."""
     path = files[name]
     stored = {t.name: t.tensor_type.name.lower() for t in gguf.GGUFReader(str(path)).tensors}
     cfg = load_model(str(path), Device.cpu(), with_tokenizer=False).config

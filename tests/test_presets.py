@@ -1,5 +1,5 @@
-"""Mixed presets (quant/presets.py): llama.cpp's Q4_K_M / Q5_K_M choice of a format per linear
-weight, the fallbacks for rows that are no multiple of 256, and the one tensor list that
+"""Mixed presets (quant/presets.py): llama.cpp's Q3_K_M / Q4_K_M / Q5_K_M choice of a format per
+linear weight, the fallbacks for rows that are no multiple of 256, and the one tensor list that
 load_model, the memory plan and `packlora quantize` share."""
 import model_factory as mf
 import numpy as np
@@ -33,6 +33,20 @@ def test_llama_7b_layers_get_the_llama_cpp_mix(preset, base):
             assert got[f"{p}.{proj}.weight"] == base, (i, proj)
     # quant.embeddings: auto
     assert got["model.embed_tokens.weight"] == "q8_0" and got["lm_head.weight"] == "q8_0"
+
+
+def test_llama_7b_q3_k_m():
+    """Q3_K_M's own rule: attn_v Q5_K in layers 0-1 and Q4_K after, ffn_down Q5_K in the first
+    sixteenth (layers 0-1 of 32) and Q4_K after, attn_output Q4_K, the rest Q3_K."""
+    got = _formats(LLAMA2_7B, "q3_k_m")
+    for i in range(32):
+        p = f"model.layers.{i}"
+        first = "q5_k" if i < 2 else "q4_k"
+        assert got[f"{p}.self_attn.v_proj.weight"] == first, i
+        assert got[f"{p}.mlp.down_proj.weight"] == first, i
+        assert got[f"{p}.self_attn.o_proj.weight"] == "q4_k", i
+        for proj in ("self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj", "mlp.up_proj"):
+            assert got[f"{p}.{proj}.weight"] == "q3_k", (i, proj)
 
 
 def test_rows_that_are_no_multiple_of_256_fall_back():
