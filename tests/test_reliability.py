@@ -12,7 +12,8 @@ import numpy as np
 import packlora.training.run as run_module
 import packlora.training.trainer as trainer_module
 import pytest
-from packlora.adapters import load_adapter
+from packlora.adapters import apply_lora, load_adapter
+from packlora.data import Example
 from packlora.cli import main
 from packlora.device import Device
 from packlora.config import parse_config
@@ -22,7 +23,7 @@ from packlora.training import finetune
 from packlora.training.checkpoints import MANIFEST, list_checkpoints
 from packlora.training.fingerprint import check_resume, default_settings, fingerprint
 from packlora.training.metrics import MetricsLog
-from packlora.training.trainer import Trainer
+from packlora.training.trainer import Trainer, train
 from safetensors.numpy import load_file, save_file
 
 
@@ -217,6 +218,30 @@ def test_a_folder_another_run_is_using_is_refused(setup, tmp_path):
     with pytest.raises(DataError, match="bad JSON"):
         finetune(stopped, progress=False)
     assert not (tmp_path / "new").exists()
+
+
+def test_train_called_alone_holds_its_output_dir_too(setup, tmp_path):
+    """train() of the Python API took no lock: two processes training into one folder mixed
+    their checkpoints. It holds output_dir as finetune does (finetune calls it: a process enters
+    a lock it holds again)."""
+    model = load_model(str(setup / "model"), Device.cpu().autodiff(), quant="nf4")
+    apply_lora(model, {"targets": ["q_proj"], "rank": 2, "alpha": 4})
+    ids = np.arange(1, 9, dtype=np.int32)
+    rows = [Example(ids, np.roll(ids, -1).astype(np.int64))] * 2
+    steps = {"max_steps": 1, "batch_size": 2, "save_every": 1, "eval_every": 0}
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match=f"output_dir: {out} is in use by another packlora "
+                                              "run"):
+            train(model, rows, steps, output_dir=out, progress=False)
+        assert list(out.iterdir()) == []
+    finally:
+        os.close(holder)
+    assert [r["step"] for r in train(model, rows, steps, output_dir=out, progress=False)] == [1]
+    assert [s for s, _ in list_checkpoints(out)] == [1]
 
 
 def test_resume_of_a_checkpoint_older_than_a_setting():

@@ -1,6 +1,8 @@
 """One run at a time in an output_dir. The same command started twice (two terminals, a job
 resubmitted while the first still runs) would otherwise mix the two runs' checkpoints, metrics
-and adapter in one folder, or, with overwrite: true, delete the running one's files."""
+and adapter in one folder, or, with overwrite: true, delete the running one's files. finetune()
+takes the lock and train() (which finetune calls, and the Python API calls alone) takes it
+again: a process that holds a folder's lock enters it again freely."""
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +13,8 @@ try:
     import fcntl
 except ImportError:  # Windows: runs take no lock there
     fcntl = None
+
+_HELD = {}  # folder (resolved) -> how many blocks of this process hold its lock
 
 
 @contextmanager
@@ -24,10 +28,17 @@ def output_dir_lock(output_dir, held=True):
     out = Path(output_dir)
     held = held and fcntl is not None
     made = _make(out) if held else []
-    fd = _lock(out) if held and out.is_dir() else None
+    key = out.resolve() if held and out.is_dir() else None
+    fd = _lock(out) if key is not None and key not in _HELD else None
+    if key is not None:
+        _HELD[key] = _HELD.get(key, 0) + 1
     try:
         yield
     finally:
+        if key is not None:
+            _HELD[key] -= 1
+            if not _HELD[key]:
+                del _HELD[key]
         if fd is not None:
             os.close(fd)  # releases the lock
         _remove_if_empty(made)

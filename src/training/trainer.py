@@ -1,6 +1,7 @@
 """The training loop: AdamW steps over batches, accumulation, clipping, eval, checkpoints, logs."""
 import math
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from .distributed import World, check_global_batch
 from .fingerprint import check_resume, default_settings, fingerprint
 from .metrics import MetricsLog
 from .optim import AdamW, clip_grad_norm
+from .output_lock import output_dir_lock
 from .progress import Progress
 from .schedule import Schedule
 from .states import STATE_BITS
@@ -306,13 +308,16 @@ def train(model, train_examples, cfg, valid=None, output_dir=None, resume=None, 
     """Train the model's adapters; returns the per-step records. `cfg`: a TrainConfig or a dict
     of its fields. `run_config` (the whole RunConfig) is what a resume is checked against;
     without it, the train section. `world` (distributed.World) makes this one rank of a
-    data-parallel run."""
+    data-parallel run. An `output_dir` is held for the run: another process training into it
+    is refused (training/output_lock.py)."""
     cfg = train_config(cfg)
     for name, rows in (("train_examples", train_examples), ("valid", valid or [])):
         odd = next((r for r in rows if not isinstance(r, Example)), None)
         if odd is not None:
             raise TypeError(f"train: {name} must hold Example rows (packlora.data."
                             f"build_datasets makes them), not {type(odd).__name__}")
-    trainer = Trainer(model, train_examples, cfg, valid, output_dir, pad_id, progress,
-                      run_config, world)
-    return trainer.run(resume)
+    main = world is None or world.is_main                       # rank 0 alone writes there
+    with output_dir_lock(output_dir, held=main) if output_dir is not None else nullcontext():
+        trainer = Trainer(model, train_examples, cfg, valid, output_dir, pad_id, progress,
+                          run_config, world)
+        return trainer.run(resume)
