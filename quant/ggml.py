@@ -25,6 +25,12 @@ def fp16_from(blocks, lo):
     return np.ascontiguousarray(blocks[..., lo:lo + 2]).view("<f2").astype(_F32)
 
 
+def signed_max(x):
+    """(..., n) -> (..., 1): each row's value of largest magnitude, its sign kept (the first of
+    equals, as ggml's loops take it)."""
+    return np.take_along_axis(x, np.abs(x).argmax(axis=-1)[..., None], axis=-1)
+
+
 def _inverse(d):
     with np.errstate(divide="ignore"):
         return np.where(d == 0, _F32(0), _F32(1) / d).astype(_F32)
@@ -36,8 +42,7 @@ def _pack_nibbles(q):
 
 
 def _q4_0(b):
-    amax_at = np.abs(b).argmax(axis=-1)[..., None]
-    d = np.take_along_axis(b, amax_at, axis=-1) / _F32(-8)       # signed max / -8
+    d = signed_max(b) / _F32(-8)
     q = np.trunc(b * _inverse(d) + _F32(8.5))
     q = np.minimum(q, 15).astype(np.uint8)
     return np.concatenate([_fp16_bytes(d), _pack_nibbles(q)], axis=-1)
@@ -58,8 +63,7 @@ def _high_bits(q):
 
 
 def _q5_0(b):
-    amax_at = np.abs(b).argmax(axis=-1)[..., None]
-    d = np.take_along_axis(b, amax_at, axis=-1) / _F32(-16)      # signed max / -16
+    d = signed_max(b) / _F32(-16)
     q = np.minimum(np.trunc(b * _inverse(d) + _F32(16.5)), 31).astype(np.uint8)
     return np.concatenate([_fp16_bytes(d), _high_bits(q), _pack_nibbles(q & 15)], axis=-1)
 

@@ -14,7 +14,7 @@ The byte layouts are the decoders' (quant/iquants.py); gguf.quants decodes the r
 import numpy as np
 
 from .codebooks import IQ4_CODE
-from .ggml import row_quantizer
+from .ggml import row_quantizer, signed_max
 from .iquants import SUB_ELEMS, pack_codes
 
 _F32 = np.float32
@@ -43,7 +43,7 @@ def _fit(x, w, inv):
 def fit_scales(x):
     """x (S, 32) -> (S,) float32 scale of each sub-block (0 where it is all zeros)."""
     w = x * x
-    mx = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)        # (S, 1)
+    mx = signed_max(x)                                                           # (S, 1)
     zero = np.abs(mx) < _EPS
     mx = np.where(zero, _F32(1), mx)
     sqx, sq2 = _fit(x, w, _inverse(-mx / IQ4_CODE[0]))
@@ -74,7 +74,7 @@ def _iq4_xs(blocks):
     """(r, nb, 256) float32 -> (r, nb, 136) bytes."""
     x = blocks.reshape(-1, SUB_ELEMS)
     sc = fit_scales(x).reshape(-1, 8)                                             # (B, 8)
-    top = np.take_along_axis(sc, np.abs(sc).argmax(axis=1)[:, None], axis=1)     # (B, 1)
+    top = signed_max(sc)                                                         # (B, 1)
     big = -top / _F32(32)
     ls = np.clip(np.rint(_inverse(big) * sc), -32, 31)                           # (B, 8)
     q = nearest_code(x * _inverse((big * ls).reshape(-1, 1)))                     # (S, 32)

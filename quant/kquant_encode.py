@@ -18,7 +18,7 @@ The byte layouts are the decoders' (quant/kquants.py); gguf.quants decodes the r
 """
 import numpy as np
 
-from .ggml import row_quantizer
+from .ggml import row_quantizer, signed_max
 from .kquants import QK_K
 
 _F32 = np.float32
@@ -88,33 +88,41 @@ def _planes_2bit(q):
     return (g << shifts).sum(axis=2, dtype=np.uint8).reshape(-1, 64)
 
 
+def _against_top(v, levels):
+    """(B, n) sub-block scales (or mins) -> codes in [0, levels] of v / (top / levels), and the
+    fp16 top / levels as float32 (B, 1) and as bytes (B, 2); top: the largest, at least 0."""
+    top = np.maximum(v.max(axis=1, keepdims=True), 0)
+    inv = np.where(top > 0, _F32(levels) / np.where(top > 0, top, 1), 0)
+    d, d_bytes = _fp16(top / _F32(levels))
+    return np.clip(_rint(inv * v), 0, levels).astype(np.uint8), d, d_bytes.reshape(-1, 2)
+
+
+def _scale_min_super_blocks(x, w, per_block, levels, nmax, rmin, nstep, mad=False):
+    """The super-blocks of Q2_K / Q4_K / Q5_K: sub-blocks x (S, n) fitted by fit_scale_min,
+    each super-block's per_block scales and mins made codes against their largest (`levels`:
+    15 or 63), the codes recomputed with them. -> (scale codes, min codes) (B, per_block),
+    d bytes, dmin bytes (B, 2), codes (B, 256) uint8."""
+    scales, mins, q = fit_scale_min(x, w, nmax, rmin, _F32(0.1), nstep, mad)
+    ls, d, d_bytes = _against_top(scales.reshape(-1, per_block), levels)
+    lm, dmin, dmin_bytes = _against_top(mins.reshape(-1, per_block), levels)
+    sub_d, sub_m = (d * ls).reshape(-1, 1), (dmin * lm).reshape(-1, 1)
+    redo = np.clip(_rint((x + sub_m) / np.where(sub_d == 0, 1, sub_d)), 0, nmax)
+    q = np.where(sub_d != 0, redo, q).astype(np.uint8).reshape(-1, QK_K)
+    return ls, lm, d_bytes, dmin_bytes, q
+
+
 def _q2_k(blocks):
     r, nb, _ = blocks.shape
     x = blocks.reshape(r * nb * 16, 16)
-    scales, mins, q = fit_scale_min(x, np.abs(x), 3, -0.5, _F32(0.1), 15, mad=True)
-    scales, mins = scales.reshape(-1, 16), mins.reshape(-1, 16)                # (B, 16)
-    top_s = np.maximum(scales.max(axis=1, keepdims=True), 0)
-    top_m = np.maximum(mins.max(axis=1, keepdims=True), 0)
-    inv_s = np.where(top_s > 0, _F32(15) / np.where(top_s > 0, top_s, 1), 0)
-    inv_m = np.where(top_m > 0, _F32(15) / np.where(top_m > 0, top_m, 1), 0)
-    ls = np.clip(_rint(inv_s * scales), 0, 15).astype(np.uint8)
-    lm = np.clip(_rint(inv_m * mins), 0, 15).astype(np.uint8)
-    d, d_bytes = _fp16(top_s / _F32(15))
-    dmin, dmin_bytes = _fp16(top_m / _F32(15))
-    sub_d = (d * ls).reshape(-1, 1)
-    sub_m = (dmin * lm).reshape(-1, 1)
-    redo = np.clip(_rint((x + sub_m) / np.where(sub_d == 0, 1, sub_d)), 0, 3)
-    q = np.where(sub_d != 0, redo, q).reshape(-1, QK_K)
-    return np.concatenate([ls | (lm << 4), _planes_2bit(q), d_bytes.reshape(-1, 2),
-                           dmin_bytes.reshape(-1, 2)], axis=1).reshape(r, nb, 84)
+    ls, lm, d, dmin, q = _scale_min_super_blocks(x, np.abs(x), 16, 15, 3, -0.5, 15, mad=True)
+    return np.concatenate([ls | (lm << 4), _planes_2bit(q), d, dmin], axis=1).reshape(r, nb, 84)
 
 
 def fit_q3_scale(x, nmax):
     """x (S, n): per row the scale and codes in [0, 2 nmax) of x ~ scale * (q - nmax), weights
     x^2: codes from -nmax / max, then each moved in turn to its best value for the others while
     that lowers the error, up to five sweeps (make_q3_quants); an all-zero row gets codes 0."""
-    at = np.abs(x).argmax(axis=1)[:, None]
-    top = np.take_along_axis(x, at, axis=1)                             # signed (S, 1)
+    top = signed_max(x)                                                 # (S, 1)
     zero = np.abs(top)[:, 0] < _EPS
     q = np.clip(_rint(-_F32(nmax) / np.where(zero[:, None], 1, top) * x), -nmax, nmax - 1)
     w = x * x
@@ -146,8 +154,7 @@ def _q3_k(blocks):
     x = blocks.reshape(r * nb * 16, 16)
     scales, q = fit_q3_scale(x, 4)
     scales = scales.reshape(-1, 16)                                     # (B, 16)
-    at = np.abs(scales).argmax(axis=1)[:, None]
-    top = np.take_along_axis(scales, at, axis=1)                        # (B, 1) signed
+    top = signed_max(scales)                                            # (B, 1)
     empty = top == 0
     iscale = np.where(empty, 0, _F32(-32) / np.where(empty, 1, top))
     ls = (np.clip(_rint(iscale * scales), -32, 31) + 32).astype(np.uint8)
@@ -174,23 +181,10 @@ def _pack_k4(ls, lm):
 
 def _encode_q45_k(blocks, nmax, rmin, nstep):
     """(B, 256) -> (d bytes, dmin bytes, (B, 12) scales, (B, 256) codes) of Q4_K / Q5_K."""
-    nb = blocks.shape[0]
-    x = blocks.reshape(nb * 8, 32)
+    x = blocks.reshape(-1, 32)
     w = np.sqrt((x * x).mean(axis=1, keepdims=True)) + np.abs(x)
-    scales, mins, q = fit_scale_min(x, w, nmax, rmin, _F32(0.1), nstep)
-    scales, mins = scales.reshape(nb, 8), mins.reshape(nb, 8)
-    top_s, top_m = scales.max(axis=1, keepdims=True), mins.max(axis=1, keepdims=True)
-    inv_s = np.where(top_s > 0, _F32(63) / np.where(top_s > 0, top_s, 1), 0)
-    inv_m = np.where(top_m > 0, _F32(63) / np.where(top_m > 0, top_m, 1), 0)
-    ls = np.minimum(_rint(inv_s * scales), 63).astype(np.uint8)
-    lm = np.minimum(_rint(inv_m * mins), 63).astype(np.uint8)
-    d, d_bytes = _fp16(top_s / _F32(63))
-    dmin, dmin_bytes = _fp16(top_m / _F32(63))
-    sub_d = (d * ls).reshape(nb * 8, 1)
-    sub_m = (dmin * lm).reshape(nb * 8, 1)
-    redo = np.clip(_rint((x + sub_m) / np.where(sub_d == 0, 1, sub_d)), 0, nmax)
-    q = np.where(sub_d != 0, redo, q).astype(np.uint8).reshape(nb, QK_K)
-    return d_bytes.reshape(nb, 2), dmin_bytes.reshape(nb, 2), _pack_k4(ls, lm), q
+    ls, lm, d, dmin, q = _scale_min_super_blocks(x, w, 8, 63, nmax, rmin, nstep)
+    return d, dmin, _pack_k4(ls, lm), q
 
 
 def _q4_k(blocks):
@@ -214,8 +208,7 @@ def _q5_k(blocks):
 def fit_signed_scale(x, nmax):
     """x (S, n): per row the scale and codes in [-nmax, nmax) of x ~ scale * q, weights x^2,
     searched over 19 candidate scales around -nmax / max (make_qx_quants)."""
-    at = np.abs(x).argmax(axis=1)[:, None]
-    top = np.take_along_axis(x, at, axis=1)                             # signed (S, 1)
+    top = signed_max(x)                                                 # (S, 1)
     zero = np.abs(top) < _EPS
     top = np.where(zero, _F32(1), top)
     w = x * x
@@ -240,8 +233,7 @@ def _q6_k(blocks):
     x = blocks.reshape(r * nb * 16, 16)
     scales, q = fit_signed_scale(x, 32)
     scales = scales.reshape(-1, 16)
-    at = np.abs(scales).argmax(axis=1)[:, None]
-    top = np.take_along_axis(scales, at, axis=1)                        # (B, 1) signed
+    top = signed_max(scales)                                            # (B, 1)
     empty = np.abs(top) < _EPS
     iscale = np.where(empty, 0, _F32(-128) / np.where(empty, 1, top))
     d, d_bytes = _fp16(np.where(empty, 0, 1 / np.where(empty, 1, iscale)))

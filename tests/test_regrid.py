@@ -7,8 +7,8 @@ import pytest
 from packlora.quant import REGISTRY, quantize
 from packlora.quant.regrid import requantize_on_grid
 
-FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-           "iq4_nl", "iq4_xs")
+# every GGUF type with a grid (not F16 / BF16)
+FORMATS = tuple(n for n, f in REGISTRY.items() if f.gguf_type is not None and not f.float16)
 
 
 def _decode(fmt, blocks):
