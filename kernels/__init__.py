@@ -6,9 +6,12 @@ import numpy as np
 
 from ..device import DEFAULT_SCRATCH_CAP
 from ..errors import QuantError
+from ..quant import quantize as reference_quantize
+from ..quant.kquant_encode import encoders
 from .activations import int8_activations, int8_allowed
 from .cpu import adamw8 as cpu_adamw8
 from .cpu import blas
+from .cpu import kquant_search
 from .cpu import ops as cpu_ops
 from .cpu import takes
 from .cpu.ops import FUSED_MAX_M, FUSED_MAX_M_BWD
@@ -42,6 +45,8 @@ CPU_GEMM_ACCUMULATES = blas.SGEMM is not None
 CUDA_FUSED_MAX_M = cuda_ops.FUSED_MAX_M
 # Rows of a product up to which add_product adds a temporary rather than accumulate in place.
 FEW_ROWS = 16
+# The K-quant encoders with their per-sub-block searches compiled
+_ENCODERS = encoders(kquant_search.SEARCHES)
 
 
 class _ModuleScratch:
@@ -58,6 +63,12 @@ class _ModuleScratch:
 
 
 _SCRATCH = _ModuleScratch()
+
+
+def quantize(array, format, block_size=None, double_quant=False, name=None):
+    """quant.quantize with the K-quants' searches compiled (one sub-block per thread, summed in
+    ggml's order): the reference's bytes but for near ties between candidate grids."""
+    return reference_quantize(array, format, block_size, double_quant, name, _ENCODERS)
 
 
 def _is_cuda(w):

@@ -14,8 +14,13 @@ sub-block of a tensor at once.
                (fp16 d = max/63, dmin likewise) and the codes recomputed with them
   Q6_K         each 16-value sub-block gets a signed scale from a search around -32 / max
                (weights x^2); the sixteen scales become int8 against fp16 d = -max/128
-The byte layouts are the decoders' (quant/kquants.py); gguf.quants decodes the result.
+The byte layouts are the decoders' (quant/kquants.py); gguf.quants decodes the result. The
+three searches are numpy here (the reference); packlora.kernels passes compiled ones with the
+same signatures to `encoders`.
 """
+import functools
+from typing import Callable, NamedTuple
+
 import numpy as np
 
 from .ggml import row_quantizer, signed_max
@@ -97,12 +102,12 @@ def _against_top(v, levels):
     return np.clip(_rint(inv * v), 0, levels).astype(np.uint8), d, d_bytes.reshape(-1, 2)
 
 
-def _scale_min_super_blocks(x, w, per_block, levels, nmax, rmin, nstep, mad=False):
-    """The super-blocks of Q2_K / Q4_K / Q5_K: sub-blocks x (S, n) fitted by fit_scale_min,
-    each super-block's per_block scales and mins made codes against their largest (`levels`:
-    15 or 63), the codes recomputed with them. -> (scale codes, min codes) (B, per_block),
-    d bytes, dmin bytes (B, 2), codes (B, 256) uint8."""
-    scales, mins, q = fit_scale_min(x, w, nmax, rmin, _F32(0.1), nstep, mad)
+def _scale_min_super_blocks(x, w, fit, per_block, levels, nmax, rmin, nstep, mad=False):
+    """The super-blocks of Q2_K / Q4_K / Q5_K: sub-blocks x (S, n) fitted by `fit` (as
+    fit_scale_min), each super-block's per_block scales and mins made codes against their
+    largest (`levels`: 15 or 63), the codes recomputed with them. -> (scale codes, min codes)
+    (B, per_block), d bytes, dmin bytes (B, 2), codes (B, 256) uint8."""
+    scales, mins, q = fit(x, w, nmax, rmin, _F32(0.1), nstep, mad)
     ls, d, d_bytes = _against_top(scales.reshape(-1, per_block), levels)
     lm, dmin, dmin_bytes = _against_top(mins.reshape(-1, per_block), levels)
     sub_d, sub_m = (d * ls).reshape(-1, 1), (dmin * lm).reshape(-1, 1)
@@ -111,10 +116,11 @@ def _scale_min_super_blocks(x, w, per_block, levels, nmax, rmin, nstep, mad=Fals
     return ls, lm, d_bytes, dmin_bytes, q
 
 
-def _q2_k(blocks):
+def _q2_k(blocks, searches):
     r, nb, _ = blocks.shape
     x = blocks.reshape(r * nb * 16, 16)
-    ls, lm, d, dmin, q = _scale_min_super_blocks(x, np.abs(x), 16, 15, 3, -0.5, 15, mad=True)
+    ls, lm, d, dmin, q = _scale_min_super_blocks(x, np.abs(x), searches.scale_min, 16, 15, 3,
+                                                 -0.5, 15, mad=True)
     return np.concatenate([ls | (lm << 4), _planes_2bit(q), d, dmin], axis=1).reshape(r, nb, 84)
 
 
@@ -149,10 +155,10 @@ def _pack_q3_scales(ls):
     return np.concatenate([low, high.sum(axis=1, dtype=np.uint8)], axis=1)
 
 
-def _q3_k(blocks):
+def _q3_k(blocks, searches):
     r, nb, _ = blocks.shape
     x = blocks.reshape(r * nb * 16, 16)
-    scales, q = fit_q3_scale(x, 4)
+    scales, q = searches.q3(x, 4)
     scales = scales.reshape(-1, 16)                                     # (B, 16)
     top = signed_max(scales)                                            # (B, 1)
     empty = top == 0
@@ -179,25 +185,25 @@ def _pack_k4(ls, lm):
     return out
 
 
-def _encode_q45_k(blocks, nmax, rmin, nstep):
+def _encode_q45_k(blocks, fit, nmax, rmin, nstep):
     """(B, 256) -> (d bytes, dmin bytes, (B, 12) scales, (B, 256) codes) of Q4_K / Q5_K."""
     x = blocks.reshape(-1, 32)
     w = np.sqrt((x * x).mean(axis=1, keepdims=True)) + np.abs(x)
-    ls, lm, d, dmin, q = _scale_min_super_blocks(x, w, 8, 63, nmax, rmin, nstep)
+    ls, lm, d, dmin, q = _scale_min_super_blocks(x, w, fit, 8, 63, nmax, rmin, nstep)
     return d, dmin, _pack_k4(ls, lm), q
 
 
-def _q4_k(blocks):
+def _q4_k(blocks, searches):
     r, nb, _ = blocks.shape
-    d, dmin, sc, q = _encode_q45_k(blocks.reshape(r * nb, QK_K), 15, -1.0, 20)
+    d, dmin, sc, q = _encode_q45_k(blocks.reshape(r * nb, QK_K), searches.scale_min, 15, -1.0, 20)
     g = q.reshape(-1, 4, 2, 32)                          # value 64g + 32p + l: nibble p
     qs = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(-1, 128)
     return np.concatenate([d, dmin, sc, qs], axis=1).reshape(r, nb, 144)
 
 
-def _q5_k(blocks):
+def _q5_k(blocks, searches):
     r, nb, _ = blocks.shape
-    d, dmin, sc, q = _encode_q45_k(blocks.reshape(r * nb, QK_K), 31, -0.5, 15)
+    d, dmin, sc, q = _encode_q45_k(blocks.reshape(r * nb, QK_K), searches.scale_min, 31, -0.5, 15)
     g = q.reshape(-1, 4, 2, 32)
     qs = ((g[:, :, 0] & 15) | ((g[:, :, 1] & 15) << 4)).reshape(-1, 128)
     bit = (g >> 4).reshape(-1, 8, 32)                    # high bit of value 32j + l -> bit j
@@ -228,10 +234,10 @@ def fit_signed_scale(x, nmax):
     return np.where(zero, 0, scale)[:, 0], np.where(zero, 0, q)
 
 
-def _q6_k(blocks):
+def _q6_k(blocks, searches):
     r, nb, _ = blocks.shape
     x = blocks.reshape(r * nb * 16, 16)
-    scales, q = fit_signed_scale(x, 32)
+    scales, q = searches.signed(x, 32)
     scales = scales.reshape(-1, 16)
     top = signed_max(scales)                                            # (B, 1)
     empty = np.abs(top) < _EPS
@@ -251,6 +257,24 @@ def _q6_k(blocks):
                            d_bytes.reshape(-1, 2)], axis=1).reshape(r, nb, 210)
 
 
+class Searches(NamedTuple):
+    """The per-sub-block searches the encoders run, each with the signature of its numpy one."""
+    scale_min: Callable   # fit_scale_min: Q2_K, Q4_K, Q5_K
+    q3: Callable          # fit_q3_scale: Q3_K
+    signed: Callable      # fit_signed_scale: Q6_K
+
+
+NUMPY_SEARCHES = Searches(fit_scale_min, fit_q3_scale, fit_signed_scale)
+
+
+def encoders(searches):
+    """{format name: block encoder (rows, blocks, 256) float32 -> (rows, blocks, BPB) bytes}
+    of the K-quants, running `searches`."""
+    return {name: functools.partial(encode, searches=searches) for name, encode in
+            (("q2_k", _q2_k), ("q3_k", _q3_k), ("q4_k", _q4_k), ("q5_k", _q5_k), ("q6_k", _q6_k))}
+
+
 # -- the reference quantizers of the registry (quant/registry.py) ---------------------------------
+_REFERENCE = encoders(NUMPY_SEARCHES)
 quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k = (
-    row_quantizer(e) for e in (_q2_k, _q3_k, _q4_k, _q5_k, _q6_k))
+    row_quantizer(_REFERENCE[f"q{b}_k"]) for b in range(2, 7))

@@ -3,6 +3,7 @@ import numpy as np
 
 from ..errors import QuantError
 from .formats import check_double_quant, check_format, check_shape, resolve_block_size
+from .ggml import quantize_rows
 from .packed import PackedWeight, to_host
 from .registry import REGISTRY
 
@@ -20,12 +21,13 @@ def _as_float_array(array, name):
     return array
 
 
-def quantize(array, format, block_size=None, double_quant=False, name=None):
+def quantize(array, format, block_size=None, double_quant=False, name=None, encoders=None):
     """Quantize a float array into `format` (a name of quant.FORMATS: "nf4", "q4_0", ...).
 
     nf4/fp4/int8 take any shape (blocks run over the row-major flattened tensor); the GGUF
     formats take a 2-D (N, K) weight with K a multiple of their block (32). Values are rounded
-    to float32 first.
+    to float32 first. encoders: {format name: block encoder} used for those GGUF formats instead
+    of the registry's numpy reference (packlora.kernels.quantize passes its compiled ones).
     """
     fmt = check_format(format, name)
     block_size = resolve_block_size(fmt, block_size, name)
@@ -33,5 +35,7 @@ def quantize(array, format, block_size=None, double_quant=False, name=None):
     entry = REGISTRY[fmt]
     array = _as_float_array(array, name)
     shape = check_shape(fmt, array.shape, name)
-    buffers = entry.quantize(entry, array, block_size, double_quant, name)
+    encode = (encoders or {}).get(fmt)
+    buffers = (quantize_rows(entry, array, name, encode) if encode is not None
+               else entry.quantize(entry, array, block_size, double_quant, name))
     return PackedWeight(fmt, shape, buffers, block_size, double_quant)
