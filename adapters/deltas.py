@@ -7,9 +7,9 @@ import numpy as np
 
 from ..config import lora_scale
 from ..errors import ConfigError, ModelError
+from ..kernels import quantize
 from ..lora_targets import pattern_value
 from ..models.tensors import EMBEDDING_WEIGHTS
-from ..quant import quantize
 from .loftq import loftq_fit
 from .peft_io import (
     MAGNITUDE,

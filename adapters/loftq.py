@@ -7,8 +7,8 @@ loaded, Q(W); with more, Q changes too and replaces the loaded base weight, so a
 import numpy as np
 
 from ..errors import ConfigError
+from ..kernels import quantize
 from ..models.sources import open_source
-from ..quant import quantize
 from ..tensor import Tensor
 
 

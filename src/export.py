@@ -7,12 +7,12 @@ import numpy as np
 from .adapters.deltas import AdapterDeltas
 from .errors import ModelError
 from .fileio import atomic_folder, atomic_path, safetensors_header, write_json
+from .kernels import quantize as quantize_fn
 from .models.identity import base_identity
 from .models.resolve import resolve_source
 from .models.sources import PACKED_FILE, open_source
 from .models.tensors import EMBEDDING_WEIGHTS, PROJECTIONS, model_tensors
 from .quant import REGISTRY, save_packed
-from .quant import quantize as quantize_fn
 from .quant.halves import float32_to_bf16
 
 _PROJECTION_WEIGHTS = tuple(f".{p}.weight" for p in PROJECTIONS)

@@ -3,7 +3,8 @@ F32, F16, BF16 as such, the quantized types through the format registry's codecs
 import numpy as np
 from gguf import GGMLQuantizationType as GGML
 
-from ..quant import BY_GGUF_NAME, PackedWeight, quantize
+from ..kernels import quantize
+from ..quant import BY_GGUF_NAME, PackedWeight
 from ..quant.halves import bf16_to_float32, float32_to_bf16
 
 

@@ -8,8 +8,8 @@ import numpy as np
 
 from ..device import Device
 from ..errors import ModelError
+from ..kernels import quantize as quantize_fn
 from ..nn import Embedding, Linear, PackedLinear, RMSNorm
-from ..quant import quantize as quantize_fn
 from ..tensor import Tensor
 from .llama import MLP, Attention, Backbone, DecoderLayer, LlamaForCausalLM
 from .identity import base_identity
