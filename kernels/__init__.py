@@ -47,6 +47,7 @@ CUDA_FUSED_MAX_M = cuda_ops.FUSED_MAX_M
 FEW_ROWS = 16
 # The K-quant encoders with their per-sub-block searches compiled
 _ENCODERS = encoders(kquant_search.SEARCHES)
+COMPILED_QUANTIZERS = tuple(_ENCODERS)   # the formats kernels.quantize runs compiled code for
 
 
 class _ModuleScratch:

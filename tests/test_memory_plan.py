@@ -344,8 +344,15 @@ def test_process_overhead_measured_once_and_added(tmp_path, monkeypatch):
     assert 100 << 20 < extra < 2 << 30  # an interpreter with numpy, Numba and its kernels
     assert rep["process"]["rss_estimate_bytes"] == rep["plan"]["peak_bytes"] + extra
     assert len(list(tmp_path.glob("process-*.json"))) == 1
-    monkeypatch.setattr(process.subprocess, "run", None)  # a second report reads the cache
-    assert report_dict(TINY, [])["process"]["bytes"] == extra
+    # the merge plan's compiled code: what loading the K-quant searches adds to a fresh process
+    merge = rep["plan"]["merge"]
+    assert 1 << 20 < merge["compiled_code"] < 1 << 30
+    assert merge["peak_bytes"] == sum(v for k, v in merge.items() if k != "peak_bytes")
+    assert len(list(tmp_path.glob("kernels-*.json"))) == 1
+    monkeypatch.setattr(process.subprocess, "run", None)  # a second report reads the caches
+    again = report_dict(TINY, [])
+    assert again["process"]["bytes"] == extra
+    assert again["plan"]["merge"]["compiled_code"] == merge["compiled_code"]
 
 
 @pytest.mark.parametrize("iters", [1, 2])

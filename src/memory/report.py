@@ -103,7 +103,9 @@ def _activation_table(rep):
     return t
 
 
-_MERGE_ROWS = {"process": "the process itself (measured now)", "adapter": "adapter tensors",
+_MERGE_ROWS = {"process": "the process itself (measured now)",
+               "compiled_code": "compiled K-quant searches, Numba's runtime (measured once)",
+               "adapter": "adapter tensors",
                "working_set": "rows being merged and re-quantized",
                "whole_tensor": "one HF tensor read whole (+ its row order)",
                "copy_buffer": "copy buffer"}
