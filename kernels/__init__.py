@@ -7,11 +7,12 @@ import numpy as np
 from ..device import DEFAULT_SCRATCH_CAP
 from ..errors import QuantError
 from ..quant import quantize as reference_quantize
-from ..quant.kquant_encode import encoders
+from ..quant.iquant_encode import encoders as iquant_encoders
+from ..quant.kquant_encode import encoders as kquant_encoders
 from .activations import int8_activations, int8_allowed
 from .cpu import adamw8 as cpu_adamw8
 from .cpu import blas
-from .cpu import kquant_search
+from .cpu import iq4_search, kquant_search
 from .cpu import ops as cpu_ops
 from .cpu import takes
 from .cpu.ops import FUSED_MAX_M, FUSED_MAX_M_BWD
@@ -45,8 +46,8 @@ CPU_GEMM_ACCUMULATES = blas.SGEMM is not None
 CUDA_FUSED_MAX_M = cuda_ops.FUSED_MAX_M
 # Rows of a product up to which add_product adds a temporary rather than accumulate in place.
 FEW_ROWS = 16
-# The K-quant encoders with their per-sub-block searches compiled
-_ENCODERS = encoders(kquant_search.SEARCHES)
+# The K-quant and IQ4 encoders with their per-sub-block searches compiled
+_ENCODERS = {**kquant_encoders(kquant_search.SEARCHES), **iquant_encoders(iq4_search.fit_scales)}
 COMPILED_QUANTIZERS = tuple(_ENCODERS)   # the formats kernels.quantize runs compiled code for
 
 
@@ -67,8 +68,8 @@ _SCRATCH = _ModuleScratch()
 
 
 def quantize(array, format, block_size=None, double_quant=False, name=None):
-    """quant.quantize with the K-quants' searches compiled (one sub-block per thread, summed in
-    ggml's order): the reference's bytes but for near ties between candidate grids."""
+    """quant.quantize with the K-quants' and IQ4's searches compiled (one sub-block per thread,
+    summed in ggml's order): the reference's bytes but for near ties between candidates."""
     return reference_quantize(array, format, block_size, double_quant, name, _ENCODERS)
 
 

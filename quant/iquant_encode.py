@@ -9,8 +9,12 @@ at once.
   IQ4_NL   the block's d as fp16, codes nearest x / d
   IQ4_XS   the eight scales as 6-bit signed multiples of fp16 D = -max scale / 32, codes
            nearest x / (D * l)
-The byte layouts are the decoders' (quant/iquants.py); gguf.quants decodes the result.
+The byte layouts are the decoders' (quant/iquants.py); gguf.quants decodes the result. The
+scale search is numpy here (the reference); packlora.kernels passes a compiled one with the same
+signature to `encoders`.
 """
+import functools
+
 import numpy as np
 
 from .codebooks import IQ4_CODE
@@ -61,19 +65,19 @@ def _fp16_bytes(v):
     return np.asarray(v, _F32).astype("<f2")[..., None].view(np.uint8)
 
 
-def _iq4_nl(blocks):
-    """(r, nb, 32) float32 -> (r, nb, 18) bytes."""
+def _iq4_nl(blocks, fit):
+    """(r, nb, 32) float32 -> (r, nb, 18) bytes, scales searched by `fit` (as fit_scales)."""
     x = blocks.reshape(-1, SUB_ELEMS)
-    d = fit_scales(x)                                                             # (S,)
+    d = fit(x)                                                                    # (S,)
     q = nearest_code(x * _inverse(d)[:, None])
     out = np.concatenate([_fp16_bytes(d), pack_codes(q)], axis=-1)
     return out.reshape(*blocks.shape[:-1], -1)
 
 
-def _iq4_xs(blocks):
-    """(r, nb, 256) float32 -> (r, nb, 136) bytes."""
+def _iq4_xs(blocks, fit):
+    """(r, nb, 256) float32 -> (r, nb, 136) bytes, scales searched by `fit`."""
     x = blocks.reshape(-1, SUB_ELEMS)
-    sc = fit_scales(x).reshape(-1, 8)                                             # (B, 8)
+    sc = fit(x).reshape(-1, 8)                                                    # (B, 8)
     top = signed_max(sc)                                                         # (B, 1)
     big = -top / _F32(32)
     ls = np.clip(np.rint(_inverse(big) * sc), -32, 31)                           # (B, 8)
@@ -87,4 +91,13 @@ def _iq4_xs(blocks):
     return out.reshape(*blocks.shape[:-1], -1)
 
 
-quantize_iq4_nl, quantize_iq4_xs = (row_quantizer(e) for e in (_iq4_nl, _iq4_xs))
+def encoders(fit):
+    """{format name: block encoder (rows, blocks, B) float32 -> (rows, blocks, BPB) bytes} of
+    IQ4_NL and IQ4_XS, their scales searched by `fit`."""
+    return {"iq4_nl": functools.partial(_iq4_nl, fit=fit),
+            "iq4_xs": functools.partial(_iq4_xs, fit=fit)}
+
+
+# -- the reference quantizers of the registry (quant/registry.py) ---------------------------------
+_REFERENCE = encoders(fit_scales)
+quantize_iq4_nl, quantize_iq4_xs = (row_quantizer(_REFERENCE[f]) for f in ("iq4_nl", "iq4_xs"))

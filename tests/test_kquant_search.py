@@ -1,12 +1,16 @@
-"""The compiled K-quant searches (kernels/cpu/kquant_search.py) against their numpy references
-(quant/kquant_encode.py): the same codes, scales and mins on nearly every sub-block, the same
+"""The compiled K-quant and IQ4 searches (kernels/cpu/kquant_search.py, iq4_search.py) against
+their numpy references (quant/kquant_encode.py, iquant_encode.py): the same codes, scales and
+mins on nearly every sub-block, the same
 weighted error on average where a near tie went the other way (float32 sums in another order),
 all-zero and flat sub-blocks exactly as the reference. The bytes against llama.cpp's are
 tests/test_kquant_quality.py's."""
 import numpy as np
 import pytest
+from packlora.kernels.cpu import iq4_search
 from packlora.kernels.cpu import kquant_search as compiled
+from packlora.quant import iquant_encode
 from packlora.quant import kquant_encode as reference
+from packlora.quant.codebooks import IQ4_CODE
 
 # (nmax, rmin, nstep, mad) of Q4_K, Q5_K and Q2_K, with their sub-block lengths
 SCALE_MIN = {"q4_k": (32, 15, -1.0, 20, False), "q5_k": (32, 31, -0.5, 15, False),
@@ -88,3 +92,25 @@ def test_signed_searches(search, nmax, offset, s):
     def error(scale, q):
         return (x * x * (scale[:, None] * (q - offset) - x) ** 2).sum(axis=1, dtype=np.float64)
     _as_good(error(s_ref, q_ref), error(s_new, q_new))
+
+
+@pytest.mark.parametrize("s", [1, 7, 333])
+def test_iq4_scale_search(s):
+    """IQ4_NL / IQ4_XS's scale over 15 candidates on the non-uniform table, weights x^2."""
+    x = _blocks(np.random.default_rng(200 + s), s, 32)
+    d_ref, d_new = iquant_encode.fit_scales(x), iq4_search.fit_scales(x)
+    assert d_new.dtype == np.float32 and d_new.shape == (s,)
+    zero = np.abs(x).max(axis=1) < 1e-15
+    assert np.all(d_new[zero] == 0)
+
+    def error(d):
+        inv = np.where(d == 0, 0, 1 / np.where(d == 0, 1, d))[:, None].astype(np.float32)
+        q = IQ4_CODE[iquant_encode.nearest_code(x * inv)]
+        return (x * x * (d[:, None] * q - x) ** 2).sum(axis=1, dtype=np.float64)
+    err_ref, err_new = error(d_ref), error(d_new)
+    # the same scale, or a tie: a nearly flat sub-block fits as well with a positive scale as
+    # with a negative one (the table is not symmetric), and the sums' order picks one
+    same = np.isclose(d_new, d_ref, rtol=1e-4, atol=1e-30)
+    tie = np.isclose(err_new, err_ref, rtol=1e-6, atol=0)
+    assert (same | tie).mean() >= 0.98
+    _as_good(err_ref, err_new)

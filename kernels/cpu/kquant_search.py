@@ -89,7 +89,7 @@ def fit_scale_min(x, w, nmax, rmin, rdelta, nstep, mad=False):
 
 
 @kernel()
-def _signed_max(x):
+def largest_magnitude(x):
     """The value of largest magnitude, the first of equals."""
     top = x[0]
     for i in range(1, x.size):
@@ -113,7 +113,7 @@ def _signed_sums(x, iscale, nmax, out):
 @kernel()
 def _q3_one(x, nmax, q):
     """One sub-block of fit_q3_scale: its codes into q (all 0 for an all-zero one), -> scale."""
-    top = _signed_max(x)
+    top = largest_magnitude(x)
     if abs(top) < _EPS:
         q[:] = 0
         return _F32(0)
@@ -155,7 +155,7 @@ def fit_q3_scale(x, nmax):
 @kernel()
 def _signed_one(x, nmax, q, cand):
     """One sub-block of fit_signed_scale: its signed codes into q, -> scale."""
-    top = _signed_max(x)
+    top = largest_magnitude(x)
     if abs(top) < _EPS:
         q[:] = 0
         return _F32(0)
