@@ -7,9 +7,9 @@ time, fileio.load_safetensors, so the file is never mapped in whole beside them)
 weight passes a bounded chunk of rows at a time through decode, merge and re-quantization, and
 untouched tensors are copied in fixed pieces. Reading a GGUF base with pread keeps its pages out
 of the process; a Hugging Face base's tensor is read whole (and, for Q/K in llama's layout,
-copied once into the GGUF's row order). A merge that re-quantizes to a K-quant loads compiled
-code, which the plan counts (measured once per machine): a merge that keeps the stored types
-needs that much less."""
+copied once into the GGUF's row order). A merge that re-quantizes to a K-quant or IQ4 type
+loads compiled code, which the plan counts (measured once per machine): a merge that keeps the
+stored types needs that much less."""
 import math
 
 from ..gguf_out.merge import CHUNK_ELEMS, COPY_STEP, WORKSET_BYTES_PER_VALUE

@@ -8,9 +8,10 @@ compiler's own memory would otherwise count, ~110 MiB), the second is measured w
 loaded from that cache, as a training run finds them. The result is cached next to the other
 per-machine caches.
 
-A merge holds no model, but one that re-quantizes to a K-quant loads the compiled searches
-(kernels.quantize), and the first compiled code a process loads brings Numba's runtime and LLVM
-with it (~45 MiB on x86-64 Linux). What that adds to a fresh process is measured the same way."""
+A merge holds no model, but one that re-quantizes to a K-quant or IQ4 type loads the compiled
+searches (kernels.quantize), and the first compiled code a process loads brings Numba's runtime
+and LLVM with it (~45 MiB on x86-64 Linux). What that adds to a fresh process is measured the
+same way."""
 import hashlib
 import json
 import os
@@ -40,7 +41,7 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_siz
 
 # probe name -> (cache file prefix, what it runs in a fresh interpreter)
 _PROBES = {"training": ("process", "a tiny training step"),
-           "quantizer": ("kernels", "quantizing a few blocks to each K-quant")}
+           "quantizer": ("kernels", "quantizing a few blocks to each compiled type")}
 
 
 def _cache_file(probe):
@@ -60,8 +61,8 @@ def process_overhead_bytes():
 
 
 def quantizer_load_bytes():
-    """What loading the compiled K-quant searches adds to a fresh packlora process on this
-    machine (cached); None where the resident size cannot be read."""
+    """What loading the compiled K-quant and IQ4 searches adds to a fresh packlora process on
+    this machine (cached); None where the resident size cannot be read."""
     return _measured("quantizer")
 
 
@@ -114,7 +115,7 @@ def measure_in_this_process():
 
 
 def measure_quantizer_load():
-    """RSS added here by quantizing a few blocks to each K-quant with the compiled searches."""
+    """RSS added here by quantizing a few blocks to each type with a compiled search."""
     x = np.random.default_rng(0).standard_normal((4, 512)).astype(np.float32)  # (N, K)
     before = rss_now()
     for fmt in COMPILED_QUANTIZERS:

@@ -104,7 +104,7 @@ def _activation_table(rep):
 
 
 _MERGE_ROWS = {"process": "the process itself (measured now)",
-               "compiled_code": "compiled K-quant searches, Numba's runtime (measured once)",
+               "compiled_code": "compiled quantizer searches, Numba's runtime (measured once)",
                "adapter": "adapter tensors",
                "working_set": "rows being merged and re-quantized",
                "whole_tensor": "one HF tensor read whole (+ its row order)",
