@@ -353,6 +353,10 @@ def test_process_overhead_measured_once_and_added(tmp_path, monkeypatch):
     again = report_dict(TINY, [])
     assert again["process"]["bytes"] == extra
     assert again["plan"]["merge"]["compiled_code"] == merge["compiled_code"]
+    # the planner alone (a training run's memory check) measures neither
+    monkeypatch.setenv("PACKLORA_CACHE", str(tmp_path / "fresh"))
+    assert "compiled_code" not in mem_plan(TINY, [])["plan"]["merge"]
+    assert not (tmp_path / "fresh").exists()
 
 
 @pytest.mark.parametrize("iters", [1, 2])

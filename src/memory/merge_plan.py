@@ -7,14 +7,11 @@ time, fileio.load_safetensors, so the file is never mapped in whole beside them)
 weight passes a bounded chunk of rows at a time through decode, merge and re-quantization, and
 untouched tensors are copied in fixed pieces. Reading a GGUF base with pread keeps its pages out
 of the process; a Hugging Face base's tensor is read whole (and, for Q/K in llama's layout,
-copied once into the GGUF's row order). A merge that re-quantizes to a K-quant or IQ4 type
-loads compiled code, which the plan counts (measured once per machine): a merge that keeps the
-stored types needs that much less."""
+copied once into the GGUF's row order)."""
 import math
 
 from ..gguf_out.merge import CHUNK_ELEMS, COPY_STEP, WORKSET_BYTES_PER_VALUE
 from ..tracker import rss_now
-from .process import quantizer_load_bytes
 
 F32 = 4
 
@@ -26,12 +23,11 @@ def adapter_bytes(adapters) -> int:
 
 
 def merge_plan(inp) -> dict:
-    """{process, compiled_code, adapter, working_set, whole_tensor, copy_buffer, peak_bytes}
-    of merging this run's adapter into its base as a GGUF file."""
+    """{process, adapter, working_set, whole_tensor, copy_buffer, peak_bytes} of merging this
+    run's adapter into its base as a GGUF file."""
     gguf = str(inp.source).lower().endswith(".gguf")
     largest = max(math.prod(s.shape) for s in (*inp.linears.values(), *inp.others.values()))
-    parts = {"process": rss_now() or 0, "compiled_code": quantizer_load_bytes() or 0,
-             "adapter": adapter_bytes(inp.adapters),
+    parts = {"process": rss_now() or 0, "adapter": adapter_bytes(inp.adapters),
              "working_set": CHUNK_ELEMS * WORKSET_BYTES_PER_VALUE,
              "whole_tensor": 0 if gguf else 2 * F32 * largest,
              "copy_buffer": COPY_STEP if gguf else 0}

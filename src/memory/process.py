@@ -124,5 +124,5 @@ def measure_quantizer_load():
 
 
 if __name__ == "__main__":
-    measure = measure_quantizer_load if sys.argv[1:] == ["quantizer"] else measure_in_this_process
-    print(json.dumps({"bytes": measure()}))
+    measure = {"training": measure_in_this_process, "quantizer": measure_quantizer_load}
+    print(json.dumps({"bytes": measure[sys.argv[1]]()}))

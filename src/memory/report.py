@@ -10,7 +10,7 @@ from ..fileio import atomic_path
 from ..tracker import CATEGORIES
 from .measurement import measure as run_measure
 from .planner import plan
-from .process import process_overhead_bytes
+from .process import process_overhead_bytes, quantizer_load_bytes
 
 _ALT_NAMES = {"whole_model_fp32": "whole base dense, float32",
               "whole_model_bf16": "whole base dense, bfloat16",
@@ -37,6 +37,7 @@ def report_dict(config, overrides=(), measure=False, steps=2, ranks=1):
     else:
         rep = plan(config, overrides, ranks=ranks)
     add_process(rep)
+    add_merge_code(rep)
     return rep
 
 
@@ -48,6 +49,19 @@ def add_process(rep):
     if extra is not None:
         rep["process"] = {"bytes": extra,
                           "rss_estimate_bytes": rep["plan"]["peak_bytes"] + extra}
+    return rep
+
+
+def add_merge_code(rep):
+    """The merge table's compiled code: a merge that re-quantizes to a K-quant or IQ4 type loads
+    the compiled searches and with them Numba's runtime, measured once per machine (here, not in
+    the planner, so a training run's memory check never measures it); a merge that keeps the
+    stored types needs that much less."""
+    code = quantizer_load_bytes()
+    if code is not None:
+        merge = rep["plan"]["merge"]
+        merge["compiled_code"] = code
+        merge["peak_bytes"] += code
     return rep
 
 
@@ -117,7 +131,7 @@ def _merge_table(rep):
     t.add_column("held at the peak")
     t.add_column("bytes", justify="right")
     for key, name in _MERGE_ROWS.items():
-        t.add_row(name, mib(merge[key]))
+        t.add_row(name, mib(merge.get(key)))
     t.add_row("[bold]peak", f"[bold]{mib(merge['peak_bytes'])}")
     return t
 
