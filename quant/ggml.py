@@ -13,6 +13,9 @@ from .blockwise import check_finite
 
 _F32 = np.float32
 CHUNK_ELEMS = 1 << 20
+# ggml's GROUP_MAX_EPS: the K-quant and IQ4 encoders treat a sub-block whose largest |x| is below
+# this as all zeros (scale 0, every code at the zero point)
+GROUP_MAX_EPS = _F32(1e-15)
 
 
 def _fp16_bytes(x):

@@ -18,12 +18,11 @@ import functools
 import numpy as np
 
 from .codebooks import IQ4_CODE
-from .ggml import row_quantizer, signed_max
+from .ggml import GROUP_MAX_EPS, row_quantizer, signed_max
 from .iquants import SUB_ELEMS, pack_codes
 
 _F32 = np.float32
-_NTRY = 7
-_EPS = _F32(1e-15)  # a sub-block whose largest |x| is below this is all zeros
+NTRY = 7  # candidate inverse scales (i + IQ4_CODE[0]) / max for i in -NTRY..NTRY
 
 
 def nearest_code(v):
@@ -48,12 +47,12 @@ def fit_scales(x):
     """x (S, 32) -> (S,) float32 scale of each sub-block (0 where it is all zeros)."""
     w = x * x
     mx = signed_max(x)                                                           # (S, 1)
-    zero = np.abs(mx) < _EPS
+    zero = np.abs(mx) < GROUP_MAX_EPS
     mx = np.where(zero, _F32(1), mx)
     sqx, sq2 = _fit(x, w, _inverse(-mx / IQ4_CODE[0]))
     d = sqx / np.where(sq2 > 0, sq2, _F32(1))
     best = d * sqx
-    for i in range(-_NTRY, _NTRY + 1):
+    for i in range(-NTRY, NTRY + 1):
         sqx, sq2 = _fit(x, w, (_F32(i) + IQ4_CODE[0]) / mx)
         take = (sq2 > 0) & (sqx * sqx > best * sq2)
         d = np.where(take, sqx / np.where(sq2 > 0, sq2, _F32(1)), d)

@@ -23,11 +23,10 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .ggml import row_quantizer, signed_max
+from .ggml import GROUP_MAX_EPS, row_quantizer, signed_max
 from .kquants import QK_K
 
 _F32 = np.float32
-_EPS = _F32(1e-15)  # a sub-block whose largest |x| is below this is all zeros
 
 
 def _rint(v):
@@ -129,7 +128,7 @@ def fit_q3_scale(x, nmax):
     x^2: codes from -nmax / max, then each moved in turn to its best value for the others while
     that lowers the error, up to five sweeps (make_q3_quants); an all-zero row gets codes 0."""
     top = signed_max(x)                                                 # (S, 1)
-    zero = np.abs(top)[:, 0] < _EPS
+    zero = np.abs(top)[:, 0] < GROUP_MAX_EPS
     q = np.clip(_rint(-_F32(nmax) / np.where(zero[:, None], 1, top) * x), -nmax, nmax - 1)
     w = x * x
     sumlx, suml2 = (w * x * q).sum(axis=1), (w * q * q).sum(axis=1)    # (S,)
@@ -215,7 +214,7 @@ def fit_signed_scale(x, nmax):
     """x (S, n): per row the scale and codes in [-nmax, nmax) of x ~ scale * q, weights x^2,
     searched over 19 candidate scales around -nmax / max (make_qx_quants)."""
     top = signed_max(x)                                                 # (S, 1)
-    zero = np.abs(top) < _EPS
+    zero = np.abs(top) < GROUP_MAX_EPS
     top = np.where(zero, _F32(1), top)
     w = x * x
 
@@ -240,7 +239,7 @@ def _q6_k(blocks, searches):
     scales, q = searches.signed(x, 32)
     scales = scales.reshape(-1, 16)
     top = signed_max(scales)                                            # (B, 1)
-    empty = np.abs(top) < _EPS
+    empty = np.abs(top) < GROUP_MAX_EPS
     iscale = np.where(empty, 0, _F32(-128) / np.where(empty, 1, top))
     d, d_bytes = _fp16(np.where(empty, 0, 1 / np.where(empty, 1, iscale)))
     sc = np.minimum(127, _rint(iscale * scales)).astype(np.int8)        # (B, 16)

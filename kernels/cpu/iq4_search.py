@@ -10,12 +10,12 @@ import numpy as np
 from numba import prange
 
 from ...quant.codebooks import IQ4_CODE
+from ...quant.ggml import GROUP_MAX_EPS
+from ...quant.iquant_encode import NTRY
 from . import kernel
 from .kquant_search import largest_magnitude
 
 _F32 = np.float32
-_EPS = _F32(1e-15)  # a sub-block whose largest |x| is below this is all zeros (GROUP_MAX_EPS)
-_NTRY = 7           # candidates (i + IQ4_CODE[0]) / max for i in -_NTRY.._NTRY
 
 
 @kernel()
@@ -51,12 +51,12 @@ def _sums(table, x, inv):
 def _scale_one(table, x):
     """One sub-block's scale (0 for an all-zero one)."""
     top = largest_magnitude(x)
-    if abs(top) < _EPS:
+    if abs(top) < GROUP_MAX_EPS:
         return _F32(0)
     sqx, sq2 = _sums(table, x, _F32(1) / (-top / table[0]))
     d = sqx / sq2 if sq2 > 0 else _F32(0)
     best = d * sqx
-    for step in range(-_NTRY, _NTRY + 1):
+    for step in range(-NTRY, NTRY + 1):
         sqx, sq2 = _sums(table, x, (_F32(step) + table[0]) / top)
         if sq2 > 0 and sqx * sqx > best * sq2:
             d = sqx / sq2

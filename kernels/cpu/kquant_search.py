@@ -9,11 +9,11 @@ the bytes agree with the reference's (and llama.cpp's) on all but a fraction of 
 import numpy as np
 from numba import prange
 
+from ...quant.ggml import GROUP_MAX_EPS
 from ...quant.kquant_encode import Searches
 from . import kernel
 
 _F32 = np.float32
-_EPS = _F32(1e-15)  # a sub-block whose largest |x| is below this is all zeros (GROUP_MAX_EPS)
 
 
 @kernel()
@@ -114,7 +114,7 @@ def _signed_sums(x, iscale, nmax, out):
 def _q3_one(x, nmax, q):
     """One sub-block of fit_q3_scale: its codes into q (all 0 for an all-zero one), -> scale."""
     top = largest_magnitude(x)
-    if abs(top) < _EPS:
+    if abs(top) < GROUP_MAX_EPS:
         q[:] = 0
         return _F32(0)
     sumlx, suml2 = _signed_sums(x, -nmax / top, nmax, q)
@@ -156,7 +156,7 @@ def fit_q3_scale(x, nmax):
 def _signed_one(x, nmax, q, cand):
     """One sub-block of fit_signed_scale: its signed codes into q, -> scale."""
     top = largest_magnitude(x)
-    if abs(top) < _EPS:
+    if abs(top) < GROUP_MAX_EPS:
         q[:] = 0
         return _F32(0)
     sumlx, suml2 = _signed_sums(x, -nmax / top, nmax, q)
