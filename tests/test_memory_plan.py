@@ -353,6 +353,13 @@ def test_process_overhead_measured_once_and_added(tmp_path, monkeypatch):
     again = report_dict(TINY, [])
     assert again["process"]["bytes"] == extra
     assert again["plan"]["merge"]["compiled_code"] == merge["compiled_code"]
+    # changed kernel sources (a new commit under the same version string) measure anew
+    probes = []
+    monkeypatch.setattr(process, "_probe", lambda probe: probes.append(probe) or 7 << 20)
+    monkeypatch.setattr(process, "kernel_sources_hash", lambda: "changed")
+    assert report_dict(TINY, [])["process"]["bytes"] == 7 << 20
+    assert sorted(probes) == ["quantizer"] * 2 + ["training"] * 2
+    assert len(list(tmp_path.glob("process-*.json"))) == 2
     # the planner alone (a training run's memory check) measures neither
     monkeypatch.setenv("PACKLORA_CACHE", str(tmp_path / "fresh"))
     assert "compiled_code" not in mem_plan(TINY, [])["plan"]["merge"]

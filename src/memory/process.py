@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
+from .. import kernels, quant
 from ..adapters import apply_lora
 from ..device import Device
 from ..errors import ConfigError
@@ -46,12 +47,23 @@ _PROBES = {"training": ("process", "a tiny training step"),
 
 def _cache_file(probe):
     """One file per probe, machine and software stack (a new numpy, Numba or packlora measures
-    anew), and per way of measuring (now: with the kernels loaded from the compile cache)."""
+    anew, and so does a change to the kernels' sources, which a version string may not show),
+    and per way of measuring (now: with the kernels loaded from the compile cache)."""
     key = json.dumps(["cached kernels", platform.machine(), platform.processor(), os.cpu_count(),
-                      sys.version, *(version(p) for p in ("packlora", "numpy", "numba"))])
+                      sys.version, *(version(p) for p in ("packlora", "numpy", "numba")),
+                      kernel_sources_hash()])
     root = Path(os.environ.get("PACKLORA_CACHE", Path.home() / ".cache" / "packlora"))
     prefix = _PROBES[probe][0]
     return root / f"{prefix}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def kernel_sources_hash():
+    """The installed kernels' and format registry's sources (the kernels bake its layouts in)."""
+    digest = hashlib.sha256()
+    for package in (kernels, quant):
+        for path in sorted(Path(package.__file__).parent.rglob("*.py")):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def process_overhead_bytes():
