@@ -29,7 +29,8 @@ TILE_CASES = [("nf4", True, (17, 20, 100), 64, (16, 16, 16, 4, 2, 4)),
               ("nf4", True, (16, 130, 192), None, "tile_4x4_128")]
 # The tiles a GPU launches (kernels/cuda/ops.py), 256 threads each, on small ragged shapes; K
 # long enough that the reduction is split across blocks (parts summed). M <= GEMV_MAX_M without
-# a tile (the other cases of M <= 4) runs the GEMV kernels (gemv.py).
+# a tile (the other cases of M <= 4) runs the GEMV kernels (gemv.py). Checked against numpy in
+# their FOLD_CASES run (the simulator's slowest cases: run once, not twice).
 PRODUCTION_CASES = [("nf4", True, (5, 70, 192), "SMALL_M_TILE"),
                     ("q4_k", False, (3, 66, 256), "SMALL_M_TILE"),
                     ("q8_0", False, (20, 65, 160), "LARGE_M_TILE")]
@@ -56,18 +57,25 @@ def _cases():
         label = tile if isinstance(tile, str) else f"tile{tile[:3]}"
         cases[f"{fmt}{'_dq' if dq else ''}-{'x'.join(map(str, shape))}-{label}"] = (
             fmt, dq, shape, bs, tile)
-    for fmt, dq, shape, tile in PRODUCTION_CASES:
-        cases[f"{fmt}{'_dq' if dq else ''}-{'x'.join(map(str, shape))}-{tile}"] = (
-            fmt, dq, shape, None, tile)
     return cases
 
 
 CASES = _cases()
 
 
+def _fold_key(fmt, shape):
+    return f"fold_bits/{fmt}-{'x'.join(map(str, shape))}"
+
+
 # ---------------------------------------------------------------- simulator side (subprocess)
 def _rel_err(got, ref):
     return float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+
+
+def _errors(y, dx, x, dy, dense):
+    """The forward's and backward's errors against numpy's products with the decoded W."""
+    return {"fwd": _rel_err(y, x @ dense.T), "bwd": _rel_err(dx, dy @ dense),
+            "shapes": [list(y.shape), list(dx.shape)], "ref_max": float(np.abs(dense).max())}
 
 
 def _sim_case(ops, Tile, quantize, rng, case):
@@ -84,10 +92,8 @@ def _sim_case(ops, Tile, quantize, rng, case):
         tile = ops.SMALL_M_CANDIDATES.get(tile) or getattr(ops, tile)
     elif tile:
         tile = Tile(*tile)
-    y = ops.linear_fwd(x, w, tile=tile)
-    dx = ops.linear_bwd(dy, w, tile=tile)
-    return {"fwd": _rel_err(y, x @ dense.T), "bwd": _rel_err(dx, dy @ dense),
-            "shapes": [list(y.shape), list(dx.shape)], "ref_max": float(np.abs(dense).max())}
+    return _errors(ops.linear_fwd(x, w, tile=tile), ops.linear_bwd(dy, w, tile=tile), x, dy,
+                   dense)
 
 
 def _sim_fp16_scales(ops, quantize, rng):
@@ -184,7 +190,7 @@ def _sim_weight_args(ops, quantize, rng):
 def _sim_fold_case(ops, quantize, rng, case):
     """A split product with the kernel adding its parts (SUM_PARTS_IN_KERNEL) and with numpy
     adding them after the launch: whether the bits are the same (both add the parts in order),
-    and in how many launches the kernel added them."""
+    in how many launches the kernel added them, and the first's errors (_errors)."""
     fmt, dq, (m, n, k), tile = case
     folds, plain = [], ops.launch
 
@@ -203,7 +209,8 @@ def _sim_fold_case(ops, quantize, rng, case):
             got.append((ops.linear_fwd(x, w, tile=tile), ops.linear_bwd(dy, w, tile=tile)))
     finally:
         ops.launch, ops.SUM_PARTS_IN_KERNEL = plain, True
-    return {"same": all(np.array_equal(a, b) for a, b in zip(*got)), "folded": sum(folds)}
+    return {"same": all(np.array_equal(a, b) for a, b in zip(*got)), "folded": sum(folds),
+            **_errors(*got[0], x, dy, w.dequantize())}
 
 
 def _sim_wrows_bits(ops, quantize, rng):
@@ -247,7 +254,7 @@ def _simulator_main(claims):
 def _sim_jobs(ops, Tile, quantize):
     """{key: function of a generator}: every simulator case, the longest first (each of the
     processes sharing them takes the next unclaimed one)."""
-    jobs = {f"fold_bits/{fmt}-{'x'.join(map(str, shape))}":
+    jobs = {_fold_key(fmt, shape):
             functools.partial(_sim_fold_case, ops, quantize, case=(fmt, dq, shape, tile))
             for fmt, dq, shape, tile in FOLD_CASES}
     # the GEMV at every row bound (GEMV_MAX_M raised to gemv.MAX_M), M up to 16; N not a
@@ -280,14 +287,22 @@ def sim():
     return simulator_results(__file__, timeout=300, processes=workers())
 
 
-@pytest.mark.parametrize("case_id", list(CASES))
-def test_simulator_matches_reference(sim, case_id):
-    res = sim[case_id]
-    m, n, k = CASES[case_id][2]
+def _check_case(res, shape):
+    m, n, k = shape
     assert res["shapes"] == [[m, n], [m, k]]
     assert res["ref_max"] > 0
     assert res["fwd"] < 2e-5, f"fwd rel err {res['fwd']}"
     assert res["bwd"] < 2e-5, f"bwd rel err {res['bwd']}"
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_simulator_matches_reference(sim, case_id):
+    _check_case(sim[case_id], CASES[case_id][2])
+
+
+@pytest.mark.parametrize("fmt, dq, shape, tile", PRODUCTION_CASES)
+def test_simulator_production_tiles_match_reference(sim, fmt, dq, shape, tile):
+    _check_case(sim[_fold_key(fmt, shape)], shape)
 
 
 def test_simulator_fp16_scale_decoding(sim):
