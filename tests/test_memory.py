@@ -1,5 +1,6 @@
 """The memory tracker counts known allocations exactly and agrees with tracemalloc."""
 import gc
+import tracemalloc
 
 import numpy as np
 import packlora as pl
@@ -35,14 +36,18 @@ def test_known_sizes_by_category():
 def test_independent_measure_agrees():
     dev = pl.Device.cpu()
     mem = dev.memory
-    mem.start_process_measure()
-    gc.collect()
-    mem.reset_peak()
-    t0, p0 = mem.total, mem.process_measure()[0]
-    with mem.category("workspace"):
-        xs = [pl.zeros((1 << 18,), dev) for _ in range(8)]  # 8 MiB
-    tracked = mem.total_peak - t0
-    proc = mem.process_measure()[1] - p0
+    mem.start_process_measure()  # tracemalloc: this test's to stop
+    try:
+        gc.collect()
+        mem.reset_peak()
+        t0, p0 = mem.total, mem.process_measure()[0]
+        with mem.category("workspace"):
+            xs = [pl.zeros((1 << 18,), dev) for _ in range(8)]  # 8 MiB
+        tracked = mem.total_peak - t0
+        proc = mem.process_measure()[1] - p0
+        del xs
+    finally:
+        mem.stop_process_measure()
+        tracemalloc.stop()
     assert tracked == 8 << 20
     assert abs(proc - tracked) / tracked < 0.05, (proc, tracked)
-    del xs
