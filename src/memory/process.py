@@ -12,6 +12,7 @@ A merge holds no model, but one that re-quantizes to a K-quant or IQ4 type loads
 searches (kernels.quantize), and the first compiled code a process loads brings Numba's runtime
 and LLVM with it (~45 MiB on x86-64 Linux). What that adds to a fresh process is measured the
 same way."""
+import functools
 import hashlib
 import json
 import os
@@ -57,8 +58,10 @@ def _cache_file(probe):
     return root / f"{prefix}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
+@functools.cache
 def kernel_sources_hash():
-    """The installed kernels' and format registry's sources (the kernels bake its layouts in)."""
+    """The installed kernels' and format registry's sources (the kernels bake its layouts in),
+    read once a process."""
     digest = hashlib.sha256()
     for package in (kernels, quant):
         for path in sorted(Path(package.__file__).parent.rglob("*.py")):
