@@ -73,8 +73,9 @@ def check_shape(fmt, shape, name=None):
             raise QuantError(f"{fmt} needs a 2-D (N, K) weight; {_who(name)} has shape {shape}")
         if shape[1] % elems:
             hint = ""
-            if fmt in PRESETS.values():
-                hint = (f"; the presets {', '.join(PRESETS)} fall back for such rows, as "
+            presets = [p for p, base in PRESETS.items() if base == fmt]
+            if presets:
+                hint = (f"; the presets {', '.join(presets)} fall back for such rows, as "
                         "llama.cpp does")
             elif fmt in FALLBACK:
                 hint = f"; {FALLBACK[fmt]} takes such rows (what llama.cpp falls back to)"

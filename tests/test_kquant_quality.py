@@ -102,5 +102,7 @@ def test_kquants_round_trip_without_llama_cpp(fmt):
     with pytest.raises(Exception, match="multiple of 256") as err:
         quantize(np.ones((2, 320), np.float32), fmt)
     # the presets built on q3_k / q4_k / q5_k fall back for such rows, the others name theirs
-    hint = {"q2_k": "q4_0 takes", "q6_k": "q8_0 takes"}
-    assert hint.get(fmt, "presets q3_k_m, q4_k_m, q5_k_m fall back") in str(err.value)
+    hint = {"q2_k": "q4_0 takes", "q6_k": "q8_0 takes",
+            "q3_k": "presets q3_k_s, q3_k_m, q3_k_l fall back",
+            "q4_k": "presets q4_k_s, q4_k_m fall back", "q5_k": "presets q5_k_s, q5_k_m fall back"}
+    assert hint[fmt] in str(err.value)

@@ -1,4 +1,4 @@
-"""Mixed presets (quant/presets.py): llama.cpp's Q3_K_M / Q4_K_M / Q5_K_M choice of a format per
+"""Mixed presets (quant/presets.py): llama.cpp's K-quant mixes (Q3_K_S ... Q5_K_M), a format per
 linear weight, the fallbacks for rows that are no multiple of 256, and the one tensor list that
 load_model, the memory plan and `packlora quantize` share."""
 import model_factory as mf
@@ -47,6 +47,32 @@ def test_llama_7b_q3_k_m():
         assert got[f"{p}.self_attn.o_proj.weight"] == "q4_k", i
         for proj in ("self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj", "mlp.up_proj"):
             assert got[f"{p}.{proj}.weight"] == "q3_k", (i, proj)
+
+
+def test_llama_7b_q4_k_s_and_q3_k_l():
+    """Q4_K_S: attn_v Q5_K in layers 0-3, ffn_down Q5_K in the first eighth; Q3_K_L: attn_v,
+    ffn_down and attn_output Q5_K, the rest Q3_K."""
+    s, big = _formats(LLAMA2_7B, "q4_k_s"), _formats(LLAMA2_7B, "q3_k_l")
+    for i in range(32):
+        p = f"model.layers.{i}"
+        assert s[f"{p}.self_attn.v_proj.weight"] == s[f"{p}.mlp.down_proj.weight"] == (
+            "q5_k" if i < 4 else "q4_k"), i
+        assert s[f"{p}.self_attn.o_proj.weight"] == s[f"{p}.mlp.up_proj.weight"] == "q4_k", i
+        for proj in ("self_attn.v_proj", "mlp.down_proj", "self_attn.o_proj"):
+            assert big[f"{p}.{proj}.weight"] == "q5_k", (i, proj)
+        assert big[f"{p}.self_attn.q_proj.weight"] == big[f"{p}.mlp.gate_proj.weight"] == "q3_k"
+
+
+@pytest.mark.parametrize("arch,kv_heads,bumped", [("llama", 8, True), ("llama", 64, False),
+                                                  ("qwen2", 64, True)])
+def test_what_llama_cpp_calls_70b_keeps_attn_v_at_q5_k(arch, kv_heads, bumped):
+    """80 layers: Llama-2/3-70B (8 KV heads) and Qwen2-72B; not the Llama 65B (no GQA)."""
+    cfg = {**LLAMA2_7B, "model_type": arch, "hidden_size": 8192, "intermediate_size": 28672,
+           "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": kv_heads}
+    for preset, plain in (("q3_k_s", "q3_k"), ("q3_k_m", "q4_k"), ("q4_k_m", "q4_k")):
+        got = _formats(cfg, preset)
+        v = {got[f"model.layers.{i}.self_attn.v_proj.weight"] for i in range(2, 80)}
+        assert (plain in v) is not bumped and ("q5_k" in v) is bumped, (preset, v)
 
 
 def test_rows_that_are_no_multiple_of_256_fall_back():

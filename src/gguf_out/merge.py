@@ -15,7 +15,7 @@ from ..adapters.deltas import AdapterDeltas
 from ..errors import ModelError
 from ..models.gguf_file import gguf_name, hf_name
 from ..models.identity import base_identity
-from ..models.tensors import EMBEDDING_WEIGHTS, PROJECTIONS
+from ..models.tensors import EMBEDDING_WEIGHTS, PROJECTIONS, linear_place
 from ..quant import BY_GGUF_NAME, REGISTRY
 from ..quant.presets import FALLBACK, PRESETS, preset_format
 from ..quant.regrid import requantize_on_grid
@@ -45,11 +45,11 @@ class Job:
         self.as_trained = as_trained  # a float weight taken as deq(Q(W)), as training held it
 
 
-def _linear_place(hf, n_layers):
-    """(projection, layer, layers) of a linear weight, None for any other tensor."""
+def _linear_place(hf, cfg):
+    """`linear_place` of a linear weight, None for any other tensor."""
     for proj in PROJECTIONS:
         if hf is not None and hf.endswith(f".{proj}.weight"):
-            return proj, int(hf.split(".")[2]), n_layers
+            return linear_place(cfg, proj, int(hf.split(".")[2]))
     return None
 
 
@@ -77,7 +77,7 @@ def _plan_jobs(base, deltas, quantize_to, mode):
         stored, shape, _ = base.gguf.tensor(name) if base.gguf else ("F32", base.shape(name),
                                                                           None)
         in_type = GGML[stored]
-        place = _linear_place(hf, cfg.num_layers)
+        place = _linear_place(hf, cfg)
         merge = hf is not None and hf.removesuffix(".weight") in deltas.modules
         new = out_type(quantize_to, place, shape[-1], in_type) if place else in_type
         if not base.gguf and not place:

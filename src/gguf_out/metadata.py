@@ -25,8 +25,10 @@ FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
               "q4_1": LlamaFileType.MOSTLY_Q4_1, "q5_0": LlamaFileType.MOSTLY_Q5_0,
               "q5_1": LlamaFileType.MOSTLY_Q5_1, "q8_0": LlamaFileType.MOSTLY_Q8_0,
               "q4_k": LlamaFileType.MOSTLY_Q4_K_S, "q5_k": LlamaFileType.MOSTLY_Q5_K_S,
-              "q6_k": LlamaFileType.MOSTLY_Q6_K, "q3_k_m": LlamaFileType.MOSTLY_Q3_K_M,
-              "q4_k_m": LlamaFileType.MOSTLY_Q4_K_M,
+              "q6_k": LlamaFileType.MOSTLY_Q6_K, "q3_k_s": LlamaFileType.MOSTLY_Q3_K_S,
+              "q3_k_m": LlamaFileType.MOSTLY_Q3_K_M, "q3_k_l": LlamaFileType.MOSTLY_Q3_K_L,
+              "q4_k_s": LlamaFileType.MOSTLY_Q4_K_S, "q4_k_m": LlamaFileType.MOSTLY_Q4_K_M,
+              "q5_k_s": LlamaFileType.MOSTLY_Q5_K_S,
               "q5_k_m": LlamaFileType.MOSTLY_Q5_K_M, "iq4_nl": LlamaFileType.MOSTLY_IQ4_NL,
               "iq4_xs": LlamaFileType.MOSTLY_IQ4_XS}
 # Text the candidate pre-tokenizers must split as the base's tokenizer does: digits of every

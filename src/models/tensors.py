@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from ..config_coerce import quant_config
 from ..quant import packed_nbytes
 from ..quant.formats import resolve_block_size
-from ..quant.presets import PRESETS, preset_format
+from ..quant.presets import PRESETS, llama_cpp_70b, preset_format
 from ..quant.registry import DOUBLE_QUANT_FORMATS, GGML_ROWS, REGISTRY
 
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -92,7 +92,7 @@ def held_formats(specs):
 
 def _held(name, shape, stored, quant, category, quantize, place=None):
     """Stored-packed tensors stay as stored; float linear weights get the run's format (when
-    `quantize`; a preset picks it from `place`, the weight's (projection, layer, layers));
+    `quantize`; a preset picks it from `place`, the weight's `linear_place`);
     everything else is float32. 16-bit float weights (F16 / BF16) count as float where the run
     quantizes them, and stay 16-bit otherwise (`quant.format: none`, embeddings, the head)."""
     kept = (stored or {}).get(name)
@@ -109,6 +109,13 @@ def _held(name, shape, stored, quant, category, quantize, place=None):
     return TensorSpec(name, tuple(shape), category=category)
 
 
+def linear_place(cfg, projection, layer):
+    """What a preset picks a linear weight's format from: (projection, layer, layers,
+    whether llama.cpp calls the model 70B)."""
+    seventy_b = llama_cpp_70b(cfg.model_type, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads)
+    return projection, layer, cfg.num_layers, seventy_b
+
+
 def _layer_tensors(cfg, i, stored, quant):
     p = f"model.layers.{i}"
     d, hd, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
@@ -118,7 +125,7 @@ def _layer_tensors(cfg, i, stored, quant):
     out = []
     for proj, shape in shapes.items():
         out.append(_held(f"{p}.{proj}.weight", shape, stored, quant, "base_packed", True,
-                         (proj, i, cfg.num_layers)))
+                         linear_place(cfg, proj, i)))
         if cfg.attention_bias and proj in PROJECTIONS[:3]:  # q/k/v biases (Qwen2)
             out.append(TensorSpec(f"{p}.{proj}.bias", (shape[0],)))
     norms = [("input_layernorm", d), ("post_attention_layernorm", d)]

@@ -1,0 +1,90 @@
+"""The mixed presets (quant/presets.py) against llama.cpp's own quantizer: a Llama or Qwen2
+GGUF of zeros (llama.cpp picks each type from the tensor's name, its shape and the model's
+hyper-parameters alone) is quantized by llama_model_quantize to every preset, and the type it
+stored for every linear weight must be the one packlora's tensor list picks. Shapes: 80 layers
+(what llama.cpp calls a 70B for Llama with grouped-query attention and for Qwen2, not for the
+Llama 65B), and 16 layers whose rows are 576 long (the fallbacks)."""
+import ctypes
+import importlib.util
+
+import gguf
+import numpy as np
+import pytest
+from packlora.models import model_tensors
+from packlora.models.gguf_file import gguf_name
+from packlora.models.sources import read_header
+from packlora.quant.presets import PRESETS
+
+# name: (architecture, layers, hidden, intermediate, heads, kv heads)
+SHAPES = {"llama-70b": ("llama", 80, 256, 256, 4, 1), "llama-65b": ("llama", 80, 256, 256, 4, 4),
+          "qwen2-72b": ("qwen2", 80, 256, 256, 4, 4), "llama-576": ("llama", 16, 576, 512, 9, 3)}
+VOCAB = 256
+
+
+def _zeros_gguf(path, arch, layers, d, f, heads, kv_heads):
+    """A header-complete F16 GGUF of zeros with this shape (no tokenizer: the quantizer needs
+    none)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(256)
+    w.add_embedding_length(d)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(f)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(VOCAB)
+    kv = kv_heads * (d // heads)
+    w.add_tensor("token_embd.weight", np.zeros((VOCAB, d), np.float16))
+    w.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    w.add_tensor("output.weight", np.zeros((VOCAB, d), np.float16))
+    for i in range(layers):
+        for name, shape in (("attn_q", (d, d)), ("attn_k", (kv, d)), ("attn_v", (kv, d)),
+                            ("attn_output", (d, d)), ("ffn_gate", (f, d)), ("ffn_up", (f, d)),
+                            ("ffn_down", (d, f))):
+            w.add_tensor(f"blk.{i}.{name}.weight", np.zeros(shape, np.float16))
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{i}.{norm}.weight", np.ones(d, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def zeros(request, tmp_path_factory):
+    """(shape name, path) of each shape's F16 file."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (scripts/test.sh builds it once)")
+    path = tmp_path_factory.mktemp("zeros") / f"{request.param}.gguf"
+    return request.param, _zeros_gguf(path, *SHAPES[request.param])
+
+
+def _llama_cpp_types(src, preset, out):
+    """{GGUF name: type name} of `src` quantized by llama.cpp to `preset`."""
+    import llama_cpp  # optional: only where scripts/test.sh installed it
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{preset.upper()}")
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(),
+                                          ctypes.byref(params)) == 0, preset
+    types = {t.name: t.tensor_type.name.lower() for t in gguf.GGUFReader(str(out)).tensors}
+    out.unlink()
+    return types
+
+
+def test_every_preset_picks_the_types_llama_cpp_picks(zeros, tmp_path):
+    shape, path = zeros
+    _, cfg, _ = read_header(path)
+    seen = {}
+    for preset in PRESETS:
+        stored = _llama_cpp_types(path, preset, tmp_path / f"{preset}.gguf")
+        mine = {gguf_name(t.name): t.format for t in model_tensors(cfg, preset)
+                if t.category == "base_packed"}
+        assert len(mine) == 7 * cfg.num_layers
+        wrong = {n: (f, stored[n]) for n, f in mine.items() if stored[n] != f}
+        assert not wrong, (shape, preset, dict(list(wrong.items())[:6]))
+        seen[preset] = {stored[n] for n in mine if ".attn_v." in n}
+    # each shape shows the rule it is here for: Q3_K_S's attn_v (Q3_K) as llama.cpp keeps it
+    assert seen["q3_k_s"] == {"llama-70b": {"q5_k"}, "qwen2-72b": {"q5_k"},  # 70B: Q5_K
+                              "llama-65b": {"q3_k"}, "llama-576": {"q4_0"}}[shape]  # fallback
