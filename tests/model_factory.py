@@ -3,6 +3,7 @@ import json
 import math
 from pathlib import Path
 
+import gguf
 import numpy as np
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTER = 128, 64, 2, 4, 2, 16, 96
@@ -161,7 +162,6 @@ def write_gguf(path, arch, qtype="Q8_0", weights=None, vocab=False):
     llama3 scaling becomes a rope_freqs.weight tensor as llama.cpp writes it. With `vocab`, a
     byte-level BPE vocabulary of VOCAB tokens with merges and a chat template (gguf_vocab).
     Returns (path, {hf name: (gguf type name, stored array as written, before dequantizing)})."""
-    import gguf
     cfg = hf_config(arch)
     model_type = cfg["model_type"]
     garch = "llama" if model_type in ("llama", "mistral") else model_type
@@ -205,6 +205,40 @@ def write_gguf(path, arch, qtype="Q8_0", weights=None, vocab=False):
     return Path(path), stored
 
 
+LAYOUT_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def write_layout_gguf(path, arch, shape, tensor):
+    """A Llama-layout GGUF with no tokenizer (llama_model_quantize needs none). shape: {"vocab",
+    "hidden", "inter", "layers", "heads", "kv_heads"}; tensor(name, dims) gives each tensor's
+    array, asked for in the file's order."""
+    d, f, vocab = shape["hidden"], shape["inter"], shape["vocab"]
+    kv = shape["kv_heads"] * (d // shape["heads"])
+    dims = dict(zip(LAYOUT_MATRICES, [(d, d), (kv, d), (kv, d), (d, d), (f, d), (f, d), (d, f)],
+                    strict=True))
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(256)
+    w.add_embedding_length(d)
+    w.add_block_count(shape["layers"])
+    w.add_feed_forward_length(f)
+    w.add_head_count(shape["heads"])
+    w.add_head_count_kv(shape["kv_heads"])
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    for name, size in (("token_embd", (vocab, d)), ("output_norm", (d,)), ("output", (vocab, d))):
+        w.add_tensor(f"{name}.weight", tensor(f"{name}.weight", size))
+    for i in range(shape["layers"]):
+        for name in (*LAYOUT_MATRICES, "attn_norm", "ffn_norm"):
+            full = f"blk.{i}.{name}.weight"
+            w.add_tensor(full, tensor(full, dims.get(name, (d,))))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def gguf_vocab(writer):
     """tokenizer.ggml.* metadata of a gpt2-kind vocabulary of VOCAB tokens: four control tokens,
     single characters, and three merged tokens with their merges."""
@@ -225,7 +259,6 @@ def gguf_vocab(writer):
 def gguf_reference_weights(stored, arch):
     """Dequantize what write_gguf stored (with gguf's own code) and undo the Q/K permutation
     independently of packlora: the float32 weights the loaded model must hold, by HF name."""
-    import gguf
     garch = "llama" if hf_config(arch)["model_type"] in ("llama", "mistral") else None
     out = {}
     for name, (kind, data) in stored.items():

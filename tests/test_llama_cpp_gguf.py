@@ -153,38 +153,15 @@ def _wide_f32_gguf(path):
     """A random Llama-layout GGUF, all F32, widths multiples of 256 (no tokenizer needed by
     llama_model_quantize or by these checks)."""
     rng = np.random.default_rng(5)
-    d, f, hd = WIDE["hidden"], WIDE["inter"], WIDE["hidden"] // WIDE["heads"]
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(256)
-    w.add_embedding_length(d)
-    w.add_block_count(WIDE["layers"])
-    w.add_feed_forward_length(f)
-    w.add_head_count(WIDE["heads"])
-    w.add_head_count_kv(WIDE["kv_heads"])
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(WIDE["vocab"])
 
-    def mat(n, k):
-        return (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
-    w.add_tensor("token_embd.weight", mat(WIDE["vocab"], d) * 16)
-    w.add_tensor("output_norm.weight", np.ones(d, np.float32))
-    w.add_tensor("output.weight", mat(WIDE["vocab"], d))
-    kv = WIDE["kv_heads"] * hd
-    for i in range(WIDE["layers"]):
-        p = f"blk.{i}."
-        for name, shape in (("attn_q", (d, d)), ("attn_k", (kv, d)), ("attn_v", (kv, d)),
-                            ("attn_output", (d, d)), ("ffn_gate", (f, d)), ("ffn_up", (f, d)),
-                            ("ffn_down", (d, f))):
-            w.add_tensor(p + name + ".weight", mat(*shape))
-        for norm in ("attn_norm", "ffn_norm"):
-            w.add_tensor(p + norm + ".weight", (1 + 0.1 * rng.standard_normal(d)).astype(
-                np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    def tensor(name, dims):
+        if name == "output_norm.weight":
+            return np.ones(dims, np.float32)
+        if len(dims) == 1:
+            return (1 + 0.1 * rng.standard_normal(dims)).astype(np.float32)
+        w = (rng.standard_normal(dims) / np.sqrt(dims[1])).astype(np.float32)
+        return w * 16 if name == "token_embd.weight" else w
+    return mf.write_layout_gguf(path, "llama", WIDE, tensor)
 
 
 # The linear weights' types llama.cpp stores at these widths (no fallbacks), and up_proj's

@@ -8,6 +8,7 @@ import ctypes
 import importlib.util
 
 import gguf
+import model_factory as mf
 import numpy as np
 import pytest
 from packlora.models import model_tensors
@@ -15,41 +16,22 @@ from packlora.models.gguf_file import gguf_name
 from packlora.models.sources import read_header
 from packlora.quant.presets import PRESETS
 
-# name: (architecture, layers, hidden, intermediate, heads, kv heads)
-SHAPES = {"llama-70b": ("llama", 80, 256, 256, 4, 1), "llama-65b": ("llama", 80, 256, 256, 4, 4),
-          "qwen2-72b": ("qwen2", 80, 256, 256, 4, 4), "llama-576": ("llama", 16, 576, 512, 9, 3)}
-VOCAB = 256
+
+def _shape(layers, hidden, inter, heads, kv_heads):
+    """model_factory.write_layout_gguf's shape."""
+    return {"vocab": 256, "layers": layers, "hidden": hidden, "inter": inter, "heads": heads,
+            "kv_heads": kv_heads}
 
 
-def _zeros_gguf(path, arch, layers, d, f, heads, kv_heads):
-    """A header-complete F16 GGUF of zeros with this shape (no tokenizer: the quantizer needs
-    none)."""
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(256)
-    w.add_embedding_length(d)
-    w.add_block_count(layers)
-    w.add_feed_forward_length(f)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_vocab_size(VOCAB)
-    kv = kv_heads * (d // heads)
-    w.add_tensor("token_embd.weight", np.zeros((VOCAB, d), np.float16))
-    w.add_tensor("output_norm.weight", np.ones(d, np.float32))
-    w.add_tensor("output.weight", np.zeros((VOCAB, d), np.float16))
-    for i in range(layers):
-        for name, shape in (("attn_q", (d, d)), ("attn_k", (kv, d)), ("attn_v", (kv, d)),
-                            ("attn_output", (d, d)), ("ffn_gate", (f, d)), ("ffn_up", (f, d)),
-                            ("ffn_down", (d, f))):
-            w.add_tensor(f"blk.{i}.{name}.weight", np.zeros(shape, np.float16))
-        for norm in ("attn_norm", "ffn_norm"):
-            w.add_tensor(f"blk.{i}.{norm}.weight", np.ones(d, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+SHAPES = {"llama-70b": ("llama", _shape(80, 256, 256, 4, 1)),
+          "llama-65b": ("llama", _shape(80, 256, 256, 4, 4)),
+          "qwen2-72b": ("qwen2", _shape(80, 256, 256, 4, 4)),
+          "llama-576": ("llama", _shape(16, 576, 512, 9, 3))}
+
+
+def _zeros(name, dims):
+    """Zero weights in F16 (llama.cpp's choice of types reads no values), unit norms."""
+    return np.ones(dims, np.float32) if len(dims) == 1 else np.zeros(dims, np.float16)
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -58,7 +40,7 @@ def zeros(request, tmp_path_factory):
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed (scripts/test.sh builds it once)")
     path = tmp_path_factory.mktemp("zeros") / f"{request.param}.gguf"
-    return request.param, _zeros_gguf(path, *SHAPES[request.param])
+    return request.param, mf.write_layout_gguf(path, *SHAPES[request.param], _zeros)
 
 
 def _llama_cpp_types(src, preset, out):
