@@ -14,7 +14,10 @@ src/llama-quant.cpp), for a model without experts:
   a row length (K) that is no multiple of 256 falls back: Q2_K / Q3_K -> Q4_0, Q4_K -> Q5_0,
   Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL (what llama.cpp does, e.g. for every tensor of
   SmolLM2 whose rows are 576 long)
-Embeddings and the LM head are not linear weights here: they stay as every format keeps them.
+The token embedding and LM head of a file written under a preset (a merge into GGUF,
+`embedding_format`): the head Q6_K (Q8_0 for rows that are no multiple of 256), an embedding tied
+to it likewise, an untied embedding the base type with the fallback. In training they are no
+linear weights: `quant.embeddings` holds them under every format.
 llama.cpp's Q2_K and IQ4_XS files are mixes too; here `q2_k` and `iq4_xs` name the one type.
 """
 from .registry import REGISTRY
@@ -75,6 +78,15 @@ def preset_format(preset, projection, layer, n_layers, seventy_b, k):
         fmt = {"q3_k_m": "q4_k", "q3_k_l": "q5_k"}.get(preset, PRESETS[preset])
     else:
         fmt = PRESETS[preset]
+    if k % REGISTRY[fmt].layout.elems:
+        fmt = FALLBACK[fmt]
+    return fmt
+
+
+def embedding_format(preset, k, head):
+    """The format llama.cpp's quantizer gives, under `preset`, the LM head or an embedding tied
+    to it (`head`), or else the token embedding, whose rows are k long."""
+    fmt = "q6_k" if head else PRESETS[preset]
     if k % REGISTRY[fmt].layout.elems:
         fmt = FALLBACK[fmt]
     return fmt

@@ -183,7 +183,8 @@ def _merge_args(p):
     p.add_argument("--quantize", default=None,
                    help="HF folder: write packed weights in this format; .gguf: the linear "
                         f"weights' type ({', '.join(GGUF_TARGETS)}; default: each keeps its "
-                        "type from a GGUF base, f16 from an HF base)")
+                        "type from a GGUF base, f16 from an HF base), and of a float "
+                        "embedding and head (a preset: llama.cpp's picks; a type: q8_0)")
     p.add_argument("--base", default=None, choices=list(BASES),
                    help="what a float base weight takes the adapter on: float = the original W "
                         "(PEFT's merge, what the QLoRA authors recommend; the default), "

@@ -210,8 +210,9 @@ LAYOUT_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn
 
 def write_layout_gguf(path, arch, shape, tensor):
     """A Llama-layout GGUF with no tokenizer (llama_model_quantize needs none). shape: {"vocab",
-    "hidden", "inter", "layers", "heads", "kv_heads"}; tensor(name, dims) gives each tensor's
-    array, asked for in the file's order."""
+    "hidden", "inter", "layers", "heads", "kv_heads"}, and "tied" for no output.weight (the
+    head is the embedding); tensor(name, dims) gives each tensor's array, asked for in the
+    file's order."""
     d, f, vocab = shape["hidden"], shape["inter"], shape["vocab"]
     kv = shape["kv_heads"] * (d // shape["heads"])
     dims = dict(zip(LAYOUT_MATRICES, [(d, d), (kv, d), (kv, d), (d, d), (f, d), (f, d), (d, f)],
@@ -226,7 +227,8 @@ def write_layout_gguf(path, arch, shape, tensor):
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab)
-    for name, size in (("token_embd", (vocab, d)), ("output_norm", (d,)), ("output", (vocab, d))):
+    heads = (("token_embd", (vocab, d)), ("output_norm", (d,)), ("output", (vocab, d)))
+    for name, size in heads[:2] if shape.get("tied") else heads:
         w.add_tensor(f"{name}.weight", tensor(f"{name}.weight", size))
     for i in range(shape["layers"]):
         for name in (*LAYOUT_MATRICES, "attn_norm", "ffn_norm"):

@@ -160,6 +160,29 @@ def test_every_quantize_choice_names_its_file_type(tmp_path):
     assert set(TARGETS) <= set(FILE_TYPES)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_preset_quantizes_a_float_embedding_and_head_as_llama_cpp_does(tmp_path, arch):
+    """An F16 GGUF base merged under q4_k_m: its embedding and head take the types llama.cpp's
+    Q4_K_M gives rows of 64 (test_presets_llama_cpp.py holds the rule to llama.cpp's own
+    files): the head and an embedding tied to it (Qwen2's here) Q8_0, an untied embedding Q5_0
+    (Q4_K's fallback); each within one step of its grid of the stored weights."""
+    base, stored = mf.write_gguf(tmp_path / "base.gguf", arch, "F16")
+    _adapter(base, tmp_path / "ad")
+    out = merge(base, tmp_path / "ad", tmp_path / "m.gguf", quantize="q4_k_m")
+    _, after = _read(out)
+    heads = {"model.embed_tokens.weight": "Q5_0" if arch == "llama" else "Q8_0"}
+    heads.update({"lm_head.weight": "Q8_0"} if arch == "llama" else {})
+    assert ("output.weight" in after) == (arch == "llama")
+    for hf, qtype in heads.items():
+        t = after[mf.to_gguf_name(hf)]
+        assert t.tensor_type.name == qtype, hf
+        w = stored[hf][1].astype(np.float32)                                  # (V, D)
+        got = gguf.quants.dequantize(t.data, t.tensor_type)
+        amax = np.abs(w).reshape(-1, 32).max(axis=1).repeat(32).reshape(w.shape)
+        step = amax / (16 if qtype == "Q5_0" else 127)
+        assert (np.abs(got - w) <= 1.01 * step).all(), hf
+
+
 def test_merged_gguf_from_an_hf_base(tmp_path):
     hf = mf.tiny_chat_model(tmp_path / "hf", merges=MERGES)
     model = _adapter(hf, tmp_path / "ad", **LORA)

@@ -1,9 +1,10 @@
 """The mixed presets (quant/presets.py) against llama.cpp's own quantizer: a Llama or Qwen2
 GGUF of zeros (llama.cpp picks each type from the tensor's name, its shape and the model's
 hyper-parameters alone) is quantized by llama_model_quantize to every preset, and the type it
-stored for every linear weight must be the one packlora's tensor list picks. Shapes: 80 layers
-(what llama.cpp calls a 70B for Llama with grouped-query attention and for Qwen2, not for the
-Llama 65B), and 16 layers whose rows are 576 long (the fallbacks)."""
+stored for every linear weight must be the one packlora's tensor list picks, and for every
+tensor the one a GGUF merge of that file writes. Shapes: 80 layers (what llama.cpp calls a 70B
+for Llama with grouped-query attention and for Qwen2, not for the Llama 65B), 16 layers whose
+rows are 576 long (the fallbacks), and 16 layers whose head is the embedding (tied)."""
 import ctypes
 import importlib.util
 
@@ -11,22 +12,25 @@ import gguf
 import model_factory as mf
 import numpy as np
 import pytest
+from packlora.gguf_out.layout import BaseLayout
+from packlora.gguf_out.merge import plan_jobs
 from packlora.models import model_tensors
 from packlora.models.gguf_file import gguf_name
 from packlora.models.sources import read_header
 from packlora.quant.presets import PRESETS
 
 
-def _shape(layers, hidden, inter, heads, kv_heads):
+def _shape(layers, hidden, inter, heads, kv_heads, tied=False):
     """model_factory.write_layout_gguf's shape."""
     return {"vocab": 256, "layers": layers, "hidden": hidden, "inter": inter, "heads": heads,
-            "kv_heads": kv_heads}
+            "kv_heads": kv_heads, "tied": tied}
 
 
 SHAPES = {"llama-70b": ("llama", _shape(80, 256, 256, 4, 1)),
           "llama-65b": ("llama", _shape(80, 256, 256, 4, 4)),
           "qwen2-72b": ("qwen2", _shape(80, 256, 256, 4, 4)),
-          "llama-576": ("llama", _shape(16, 576, 512, 9, 3))}
+          "llama-576": ("llama", _shape(16, 576, 512, 9, 3)),
+          "llama-tied": ("llama", _shape(16, 256, 512, 4, 2, tied=True))}
 
 
 def _zeros(name, dims):
@@ -58,6 +62,7 @@ def _llama_cpp_types(src, preset, out):
 def test_every_preset_picks_the_types_llama_cpp_picks(zeros, tmp_path):
     shape, path = zeros
     _, cfg, _ = read_header(path)
+    base = BaseLayout.open(str(path))
     seen = {}
     for preset in PRESETS:
         stored = _llama_cpp_types(path, preset, tmp_path / f"{preset}.gguf")
@@ -66,7 +71,11 @@ def test_every_preset_picks_the_types_llama_cpp_picks(zeros, tmp_path):
         assert len(mine) == 7 * cfg.num_layers
         wrong = {n: (f, stored[n]) for n, f in mine.items() if stored[n] != f}
         assert not wrong, (shape, preset, dict(list(wrong.items())[:6]))
-        seen[preset] = {stored[n] for n in mine if ".attn_v." in n}
-    # each shape shows the rule it is here for: Q3_K_S's attn_v (Q3_K) as llama.cpp keeps it
-    assert seen["q3_k_s"] == {"llama-70b": {"q5_k"}, "qwen2-72b": {"q5_k"},  # 70B: Q5_K
-                              "llama-65b": {"q3_k"}, "llama-576": {"q4_0"}}[shape]  # fallback
+        merged = {j.gguf: j.out_type.name.lower() for j in plan_jobs(base, (), preset, "float")}
+        assert merged == stored, (shape, preset, set(merged.items()) ^ set(stored.items()))
+        seen[preset] = {stored[n] for n in mine if ".attn_v." in n}, stored["token_embd.weight"]
+    # each shape shows the rule it is here for: Q3_K_S's attn_v (Q3_K) as llama.cpp keeps it, and
+    # its embedding: Q3_K, Q4_0 (rows of 576), Q6_K (the head)
+    assert seen["q3_k_s"] == {"llama-70b": ({"q5_k"}, "q3_k"), "qwen2-72b": ({"q5_k"}, "q3_k"),
+                              "llama-65b": ({"q3_k"}, "q3_k"), "llama-576": ({"q4_0"}, "q4_0"),
+                              "llama-tied": ({"q3_k"}, "q6_k")}[shape]

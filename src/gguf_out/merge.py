@@ -4,7 +4,8 @@ Tensors stream one at a time, and the ones that change a block of rows at a time
 rows are read from the file (not through a memory map, so the process does not grow by the
 size of the base), decoded to float32, merged (W + s·B·A, DoRA's row rescale), re-quantized
 and written. Untouched tensors are copied byte for byte. Each linear weight keeps the type it
-had in a GGUF base unless `quantize` names another (a type, or a llama.cpp-style preset)."""
+had in a GGUF base unless `quantize` names another (a type, or a llama.cpp-style preset); an
+embedding and LM head stored in float take it as llama.cpp's quantizer would (`_other_type`)."""
 import os
 import zlib
 
@@ -17,7 +18,7 @@ from ..models.gguf_file import gguf_name, hf_name
 from ..models.identity import base_identity
 from ..models.tensors import EMBEDDING_WEIGHTS, PROJECTIONS, linear_place
 from ..quant import BY_GGUF_NAME, REGISTRY
-from ..quant.presets import FALLBACK, PRESETS, preset_format
+from ..quant.presets import FALLBACK, PRESETS, embedding_format, preset_format
 from ..quant.regrid import requantize_on_grid
 from .codec import decode_rows, encode_rows
 from .layout import BaseLayout
@@ -66,22 +67,24 @@ def out_type(quantize_to, place, k, stored):
     return REGISTRY[fmt].gguf_type
 
 
-def _plan_jobs(base, deltas, quantize_to, mode):
+def plan_jobs(base, modules, quantize_to, mode):
+    """The Job of every tensor of `base` (a BaseLayout), in the output's order; `modules`: the
+    adapted modules' names (those merged)."""
     cfg = base.config
     jobs = []
     names = base.gguf.tensor_names() if base.gguf else sorted(
         base.source.names(), key=_hf_order)
-    for name in names:
-        hf = hf_name(name) if base.gguf else name
+    hfs = [hf_name(name) if base.gguf else name for name in names]
+    tied = EMBEDDING_WEIGHTS[1] not in hfs  # llama.cpp: tied until it sees an output.weight
+    for name, hf in zip(names, hfs, strict=True):
         gguf = name if base.gguf else gguf_name(name)
         stored, shape, _ = base.gguf.tensor(name) if base.gguf else ("F32", base.shape(name),
                                                                           None)
         in_type = GGML[stored]
         place = _linear_place(hf, cfg)
-        merge = hf is not None and hf.removesuffix(".weight") in deltas.modules
-        new = out_type(quantize_to, place, shape[-1], in_type) if place else in_type
-        if not base.gguf and not place:
-            new = _hf_other_type(quantize_to, len(shape))
+        merge = hf is not None and hf.removesuffix(".weight") in modules
+        new = (out_type(quantize_to, place, shape[-1], in_type) if place else
+               _other_type(quantize_to, hf, shape, in_type, tied))
         as_trained = (mode == "quantized" and (place is not None or hf in EMBEDDING_WEIGHTS)
                       and in_type in FLOAT_TYPES.values())
         copy = base.gguf is not None and not merge and not as_trained and new == in_type
@@ -89,12 +92,20 @@ def _plan_jobs(base, deltas, quantize_to, mode):
     return jobs
 
 
-def _hf_other_type(quantize_to, ndim):
-    """Norms stay F32; the embedding and LM head of an HF base: F32/F16/BF16 as asked, Q8_0
-    under any quantized type (what llama.cpp's converter gives at --outtype q8_0)."""
-    if ndim == 1 or quantize_to in (None, "f32"):
-        return GGML.F32
-    return FLOAT_TYPES.get(quantize_to, GGML.Q8_0)
+def _other_type(quantize_to, hf, shape, stored, tied):
+    """The GGML type of a tensor other than a linear weight. Norms, whatever is stored
+    quantized, and all of a GGUF base without `quantize`: as stored (an HF base's in F32). The
+    embedding and LM head stored in float: the float type named, under a preset llama.cpp's
+    pick (`embedding_format`), under a quantized type Q8_0 (llama.cpp's converter at --outtype
+    q8_0)."""
+    if len(shape) == 1 or quantize_to is None or stored not in FLOAT_TYPES.values():
+        return stored
+    if quantize_to in FLOAT_TYPES:
+        return FLOAT_TYPES[quantize_to]
+    if quantize_to in PRESETS and hf in EMBEDDING_WEIGHTS:
+        head = tied or hf == EMBEDDING_WEIGHTS[1]
+        return REGISTRY[embedding_format(quantize_to, shape[-1], head)].gguf_type
+    return GGML.Q8_0
 
 
 def _hf_order(name):
@@ -122,7 +133,7 @@ def merge_to_gguf(model, adapter, out, quantize_to=None, base_mode=None):
     if base.gguf is None and quantize_to is None:
         quantize_to = "f16"
     deltas.check_mergeable(base.source)
-    jobs = _plan_jobs(base, deltas, quantize_to, mode)
+    jobs = plan_jobs(base, deltas.modules, quantize_to, mode)
     deltas.check_base(base_identity(model, base.path, None))  # shapes fit: is it its base?
     kv = gguf_base_kv(base.gguf) if base.gguf else hf_base_kv(base, model)
     kv = file_type_kv(kv, quantize_to) if quantize_to is not None else kv
