@@ -31,7 +31,8 @@ def merge(model, adapter, out, dtype="float32", quantize=None, base=None):
     """Merge a PEFT-format adapter into `model` (a name, folder or .gguf) and write, streaming
     tensor by tensor, a Hugging Face folder to `out` (float `dtype`, or packed in the `quantize`
     format) or, when `out` ends in .gguf, one GGUF file (`quantize`: the linear weights' type
-    or preset; default: as in a GGUF base). base: "float" or "quantized", what float base
+    or preset, which a float embedding and head follow as llama.cpp's quantizer would; default:
+    as in a GGUF base). base: "float" or "quantized", what float base
     weights take the adapter on (see `packlora merge --help`)."""
     if str(out).lower().endswith(".gguf"):
         return merge_to_gguf(model, adapter, out, quantize_to=quantize, base_mode=base)
