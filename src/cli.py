@@ -10,6 +10,7 @@ from .adapters import load_adapter
 from .adapters.peft_io import check_adapter_path
 from .adapters.deltas import BASES
 from .config import resolve_config
+from .data.formats import check_fields
 from .device import Device
 from .errors import ConfigError, PackloraError
 from .evaluate import exact_match, read_eval_records
@@ -69,8 +70,22 @@ def _cmd_generate(a):
                    int8_activations=not a.float_activations))
 
 
+def _fields(pairs):
+    """eval's --field KEY=RECORD_KEY pairs as data.fields' mapping, checked."""
+    fields = {}
+    for pair in pairs or ():
+        ours, sep, theirs = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--field {pair!r}: expected KEY=RECORD_KEY, e.g. prompt=question")
+        fields[ours] = theirs
+    try:
+        return check_fields(fields)
+    except ValueError as exc:
+        raise ConfigError(f"--field {exc}") from None
+
+
 def _cmd_eval(a):
-    records = read_eval_records(a.data)  # the data's errors before a model loads
+    records = read_eval_records(a.data, _fields(a.field))  # data errors before a model loads
     model = _load(a)
     show = (lambda got, want, ok: print(f"OK  {got}" if ok else f"BAD {got!r}, expected "
                                         f"{want!r}", flush=True)) if a.verbose else None
@@ -169,6 +184,9 @@ def _eval_args(p):
                         "messages before it, each completion the answer to its prompt")
     p.add_argument("--max-new-tokens", type=int, default=64, help=_MAX_NEW_HELP)
     p.add_argument("--limit", type=int, default=None, help="score the first N records only")
+    p.add_argument("--field", action="append", metavar="KEY=RECORD_KEY",
+                   help="read a format's KEY from the records' RECORD_KEY, as data.fields does "
+                        "(repeatable), e.g. --field prompt=question --field completion=answer")
     p.add_argument("--verbose", action="store_true", help="print every answer, OK or BAD")
 
 

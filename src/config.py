@@ -23,6 +23,7 @@ from pydantic import (
 from .config_errors import format_errors, section_model, suggest
 from .config_yaml import StrictLoader, check_relative_paths, read_yaml
 from .data.formats import FORMATS as DATA_FORMATS
+from .data.formats import check_fields
 from .device import DEFAULT_SCRATCH_MIB
 from .errors import ConfigError
 from .quant import FORMATS
@@ -166,6 +167,13 @@ class DataConfig(_Section):
     shuffle: bool = True
     # chat/alpaca records: the model's own template, or this one (a jinja string or a file path)
     chat_template: str | None = None
+    # the records' own key for a key a format reads, e.g. {prompt: question, completion: answer}
+    fields: dict[str, str] = {}
+
+    @field_validator("fields")
+    @classmethod
+    def _check_fields(cls, value: dict) -> dict:
+        return check_fields(value)
 
     @field_validator("val_size", mode="before")
     @classmethod

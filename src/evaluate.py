@@ -1,7 +1,7 @@
 """Held-out exact match: generate each record's answer from its prompt and compare exactly."""
 from typing import NamedTuple
 
-from .data.formats import detect_format, normalize
+from .data.formats import detect_format, normalize, rename_fields
 from .data.jsonl import read_jsonl
 from .errors import DataError, check_count
 from .generate import generate_batch
@@ -13,20 +13,22 @@ class EvalRecord(NamedTuple):
     where: str  # "file:line", what errors call the record
 
 
-def read_eval_records(path):
+def read_eval_records(path, fields=None):
     """[EvalRecord] of a JSONL file, checked as training checks it: a chat (or alpaca, or
     ShareGPT) record's last message is the answer and the messages before it the prompt; a
-    completion record's prompt is plain text, generated from as it is trained (no template)."""
+    completion record's prompt is plain text, generated from as it is trained (no template).
+    fields: the records' own key names, as data.fields gives them."""
     out = []
     for where, record in read_jsonl(path):
+        record = rename_fields(record, fields or {}, where)
         fmt = detect_format(record, where)
-        kind, *fields = normalize(record, fmt, where)
+        kind, *parts = normalize(record, fmt, where)
         if kind == "text":
             raise DataError(f"{where}: eval scores chat, alpaca or completion records (a prompt "
                             f"and its answer); this one is a {fmt!r} record")
-        if kind == "chat" and fields[0][-1]["role"] != "assistant":
+        if kind == "chat" and parts[0][-1]["role"] != "assistant":
             raise DataError(f"{where}: the last message must be the assistant's answer")
-        prompt, answer = (fields[0][:-1], fields[0][-1]["content"]) if kind == "chat" else fields
+        prompt, answer = (parts[0][:-1], parts[0][-1]["content"]) if kind == "chat" else parts
         if not prompt:
             raise DataError(f"{where}: nothing comes before the answer; eval scores the answer "
                             "to a prompt")

@@ -253,6 +253,22 @@ def test_cli_eval_of_completion_records(tiny, tmp_path, capsys):
     assert shown == [f"OK  {got}", f"BAD {got!r}, expected 'nope'"]
 
 
+def test_cli_eval_reads_the_records_own_keys(tiny, tmp_path, capsys):
+    """--field maps a format's key to the records' own, as data.fields does; a bad pair is a
+    one-line error before a model loads."""
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "1+2", "answer": "3"}) + "\n")
+    argv = ["eval", "--model", str(tiny / "model"), "--data", str(data), "--max-new-tokens", "2"]
+    assert main(argv + ["--field", "prompt=question", "--field", "completion=answer"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == 1
+    for extra, words in ((["--field", "prompt"], "--field 'prompt': expected KEY=RECORD_KEY"),
+                         (["--field", "answer=answer"], "--field answer: no format reads"),
+                         ([], "cannot detect the format")):
+        assert main(argv + extra) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("packlora: error: ") and words in err and err.count("\n") == 1
+
+
 def test_generation_names_a_prompt_by_its_place_in_the_call(tiny):
     """A batch is generated sorted by length: non-finite logits named the prompt by its row
     there (plus one), another prompt than the caller's."""

@@ -77,6 +77,18 @@ def test_unknown_key_suggests_nearest(tmp_path):
     assert msg == "c.yaml: trian: unknown key, did you mean 'train'?"
 
 
+def test_data_fields_names_a_wrong_key(tmp_path):
+    assert parse_config({**MINIMAL, "data": {"train": "t", "fields": {"prompt": "q"}}}
+                        ).data.fields == {"prompt": "q"}
+    msg = error_of(parse_config, {**MINIMAL, "data": {"train": "t", "fields": {"promt": "q"}}},
+                   source="c.yaml")
+    assert msg.startswith("c.yaml: data.fields: promt: no format reads this key")
+    assert msg.endswith("did you mean 'prompt'?")
+    msg = error_of(parse_config, {**MINIMAL, "data": {"train": "t", "fields": {"text": ""}}},
+                   source="c")
+    assert msg == "c: data.fields: text: expected the name of a key of the records, got ''"
+
+
 def test_float_coercion_from_yaml(tmp_path):
     path = write(tmp_path, "model: m\ndata: {train: t.jsonl}\ntrain: {lr: 1e-5, eps: 1e-6}\n")
     assert yaml.safe_load(path.read_text())["train"]["lr"] == "1e-5"  # the PyYAML quirk

@@ -219,6 +219,32 @@ def test_explicit_format_and_auto_detection_errors(tmp_path):
         load(tmp_path, [{"text": "a"}, {"prompt": "b", "completion": "c"}])
 
 
+def test_fields_read_a_format_s_keys_under_the_records_own_names(tmp_path):
+    """data.fields: GSM8K-style records ({"question", "answer"}) train as completions, or as
+    chats through the template (alpaca's keys), row for row as the renamed records would; eval
+    reads them alike; a mapped key a record lacks names the line, the key and the setting."""
+    gsm = [{"question": "1+2?", "answer": "3", "id": 1}]
+    want = load(tmp_path, [{"prompt": "1+2?", "completion": "3", "id": 1}])
+    got = load(tmp_path, gsm, fields={"prompt": "question", "completion": "answer"})
+    assert got.format == "completion"
+    assert got[0].input_ids.tolist() == want[0].input_ids.tolist()
+    assert got[0].labels.tolist() == want[0].labels.tolist()
+    chat = load(tmp_path, gsm, fields={"instruction": "question", "output": "answer"})
+    assert chat.format == "alpaca" and targets(chat[0]) == "3<4>"
+    # the mapped key wins over a record's own key of that name
+    body = load(tmp_path, [{"text": "x", "body": "hello"}], fields={"text": "body"})
+    assert TOK.decode(body[0].input_ids) == "hello"
+    fields = {"prompt": "question", "completion": "answer"}
+    records = read_eval_records(write_jsonl(tmp_path, gsm), fields)
+    assert records[0][:2] == ("1+2?", "3")
+    with pytest.raises(DataError, match=r"d\.jsonl:2: no key 'answer' \(data\.fields\."
+                                        r"completion\); the record has keys \['question'\]"):
+        load(tmp_path, [*gsm, {"question": "x"}], fields=fields)
+    optional = load(tmp_path, gsm, fields={"instruction": "question", "output": "answer",
+                                           "input": "context"})   # alpaca's input may be absent
+    assert optional[0].input_ids.tolist() == chat[0].input_ids.tolist()
+
+
 def test_truncation_is_counted(tmp_path):
     ds = load(tmp_path, [{"text": "x" * 50}, {"text": "short"}, {"text": "y" * 10}],
               max_seq_len=10)

@@ -6,7 +6,7 @@ import numpy as np
 from ..errors import DataError
 from ..tokenizer import read_chat_template
 from .batches import count_targets, count_tokens
-from .formats import detect_format, normalize
+from .formats import detect_format, normalize, rename_fields
 from .jsonl import read_jsonl
 from .packing import pack_examples
 from .tokenize import make_example
@@ -38,6 +38,7 @@ def load_dataset(path, tokenizer, cfg, source_name: str | None = None) -> Exampl
     out = Examples(name=name)
     checked = False
     for where, record in read_jsonl(path, name):
+        record = rename_fields(record, cfg.fields, where)
         if fmt == "auto":
             fmt = detect_format(record, where)
         if not checked and fmt in TEMPLATED:

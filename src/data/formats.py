@@ -1,6 +1,7 @@
 """The four JSONL record formats: detection from keys and checking into a common shape."""
 from __future__ import annotations
 
+from ..config_errors import suggest
 from ..errors import DataError
 
 FORMATS = ("text", "completion", "alpaca", "chat", "sharegpt")
@@ -8,6 +9,8 @@ ROLES = ("system", "user", "assistant")
 _KEYS = {"text": ("text",), "completion": ("prompt", "completion"),
          "alpaca": ("instruction", "output"), "chat": ("messages",),
          "sharegpt": ("conversations",)}
+# every key a format reads: what data.fields can name a record's own key for
+FIELDS = (*dict.fromkeys(k for keys in _KEYS.values() for k in keys), "input")
 # ShareGPT's speakers (as Axolotl, LLaMA-Factory and Unsloth read them) as chat roles
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                   "assistant": "assistant"}
@@ -21,6 +24,34 @@ def detect_format(record: dict, where: str) -> str:
     raise DataError(f"{where}: cannot detect the format from keys {sorted(record)}; expected "
                     "'text', 'prompt'+'completion', 'instruction'+'input'+'output', "
                     "'messages' or 'conversations'")
+
+
+def check_fields(fields: dict) -> dict:
+    """data.fields (eval's --field): each key a format reads (FIELDS) to a key of the records;
+    ValueError names the first wrong one."""
+    for ours, theirs in fields.items():
+        if ours not in FIELDS:
+            raise ValueError(f"{ours}: no format reads this key (they read "
+                             f"{', '.join(FIELDS)}){suggest(ours, FIELDS)}")
+        if not isinstance(theirs, str) or not theirs:
+            raise ValueError(f"{ours}: expected the name of a key of the records, got "
+                             f"{theirs!r}")
+    return fields
+
+
+def rename_fields(record: dict, fields: dict, where: str) -> dict:
+    """`record` with its keys renamed as data.fields says ({format's key: record's key}); a
+    record missing a key the mapping names (other than alpaca's optional input) is an error."""
+    if not fields:
+        return record
+    missing = [f"'{theirs}' (data.fields.{ours})" for ours, theirs in fields.items()
+               if theirs not in record and ours != "input"]
+    if missing:
+        raise DataError(f"{where}: no key {', '.join(missing)}; the record has keys "
+                        f"{sorted(record)}")
+    out = {k: v for k, v in record.items() if k not in fields.values()}
+    out.update((ours, record[theirs]) for ours, theirs in fields.items() if theirs in record)
+    return out
 
 
 def _string(record: dict, key: str, where: str, fmt: str, required: bool = True) -> str:
