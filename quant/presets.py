@@ -31,6 +31,13 @@ ATTN_V, FFN_DOWN, ATTN_OUTPUT = "self_attn.v_proj", "mlp.down_proj", "self_attn.
 SEVENTY_B = {"llama": True, "mistral": True, "qwen2": False}  # HF "mistral" converts to llama
 
 
+def fit_rows(fmt, k):
+    """`fmt`, or llama.cpp's fallback (FALLBACK) where rows k long hold no whole block of it."""
+    if k % REGISTRY[fmt].layout.elems and fmt in FALLBACK:
+        return FALLBACK[fmt]
+    return fmt
+
+
 def llama_cpp_70b(arch, n_layers, heads, kv_heads):
     """Whether llama.cpp's model loader types this model 70B (src/models/llama.cpp, qwen2.cpp):
     80 layers, and for the Llama family grouped-query attention (with as many KV heads as query
@@ -78,15 +85,10 @@ def preset_format(preset, projection, layer, n_layers, seventy_b, k):
         fmt = {"q3_k_m": "q4_k", "q3_k_l": "q5_k"}.get(preset, PRESETS[preset])
     else:
         fmt = PRESETS[preset]
-    if k % REGISTRY[fmt].layout.elems:
-        fmt = FALLBACK[fmt]
-    return fmt
+    return fit_rows(fmt, k)
 
 
 def embedding_format(preset, k, head):
     """The format llama.cpp's quantizer gives, under `preset`, the LM head or an embedding tied
     to it (`head`), or else the token embedding, whose rows are k long."""
-    fmt = "q6_k" if head else PRESETS[preset]
-    if k % REGISTRY[fmt].layout.elems:
-        fmt = FALLBACK[fmt]
-    return fmt
+    return fit_rows("q6_k" if head else PRESETS[preset], k)

@@ -18,7 +18,7 @@ from ..models.gguf_file import gguf_name, hf_name
 from ..models.identity import base_identity
 from ..models.tensors import EMBEDDING_WEIGHTS, PROJECTIONS, linear_place
 from ..quant import BY_GGUF_NAME, REGISTRY
-from ..quant.presets import FALLBACK, PRESETS, embedding_format, preset_format
+from ..quant.presets import PRESETS, embedding_format, fit_rows, preset_format
 from ..quant.regrid import requantize_on_grid
 from .codec import decode_rows, encode_rows
 from .layout import BaseLayout
@@ -62,9 +62,7 @@ def out_type(quantize_to, place, k, stored):
     if quantize_to in FLOAT_TYPES:
         return FLOAT_TYPES[quantize_to]
     fmt = preset_format(quantize_to, *place, k) if quantize_to in PRESETS else quantize_to
-    if k % REGISTRY[fmt].layout.elems and fmt in FALLBACK:
-        fmt = FALLBACK[fmt]
-    return REGISTRY[fmt].gguf_type
+    return REGISTRY[fit_rows(fmt, k)].gguf_type
 
 
 def plan_jobs(base, modules, quantize_to, mode):
