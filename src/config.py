@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, get_origin
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -168,12 +169,7 @@ class DataConfig(_Section):
     # chat/alpaca records: the model's own template, or this one (a jinja string or a file path)
     chat_template: str | None = None
     # the records' own key for a key a format reads, e.g. {prompt: question, completion: answer}
-    fields: dict[str, str] = {}
-
-    @field_validator("fields")
-    @classmethod
-    def _check_fields(cls, value: dict) -> dict:
-        return check_fields(value)
+    fields: Annotated[dict[str, str], AfterValidator(check_fields)] = {}
 
     @field_validator("val_size", mode="before")
     @classmethod
@@ -346,13 +342,6 @@ def key_path_problem(parts: list) -> str | None:
     return None
 
 
-def _check_override_key(parts: list, text: str, source: str) -> None:
-    """Reject an override whose key path is not in the schema (with a suggestion)."""
-    problem = key_path_problem(parts)
-    if problem:
-        raise ConfigError(f"{source}: override '{text}': {problem}")
-
-
 def apply_overrides(data: dict, overrides, source: str) -> tuple[dict, dict]:
     """A copy of `data` with `key.path=value` overrides set, and {loc: override} for errors."""
     merged, origins = copy.deepcopy(data), {}
@@ -361,7 +350,9 @@ def apply_overrides(data: dict, overrides, source: str) -> tuple[dict, dict]:
         parts = key.strip().split(".")
         if not sep or not all(parts):
             raise ConfigError(f"{source}: bad override '{text}': expected key.path=value")
-        _check_override_key(parts, text, source)
+        problem = key_path_problem(parts)  # not in the schema: with a suggestion
+        if problem:
+            raise ConfigError(f"{source}: override '{text}': {problem}")
         try:
             value = yaml.load(raw, Loader=StrictLoader)
         except yaml.YAMLError as exc:
