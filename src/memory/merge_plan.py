@@ -11,6 +11,7 @@ copied once into the GGUF's row order)."""
 import math
 
 from ..gguf_out.merge import CHUNK_ELEMS, COPY_STEP, WORKSET_BYTES_PER_VALUE
+from ..models.resolve import is_gguf
 from ..tracker import rss_now
 
 F32 = 4
@@ -25,7 +26,7 @@ def adapter_bytes(adapters) -> int:
 def merge_plan(inp) -> dict:
     """{process, adapter, working_set, whole_tensor, copy_buffer, peak_bytes} of merging this
     run's adapter into its base as a GGUF file."""
-    gguf = str(inp.source).lower().endswith(".gguf")
+    gguf = is_gguf(inp.source)
     largest = max(math.prod(s.shape) for s in (*inp.linears.values(), *inp.others.values()))
     parts = {"process": rss_now() or 0, "adapter": adapter_bytes(inp.adapters),
              "working_set": CHUNK_ELEMS * WORKSET_BYTES_PER_VALUE,

@@ -76,10 +76,10 @@ def _layer(t, cfg, i):
 def load_model(source, device=None, quant=None, with_tokenizer=True):
     """Load a Llama-family model with packed linear layers.
 
-    source: a model name (`smollm2-135m-instruct`), a Hugging Face folder, a .gguf file or a
-    folder written by `packlora quantize`. device: a Device (default CPU). quant: a QuantConfig,
-    a dict of its fields (YAML's defaults fill the rest), a format name, "none", or None (NF4 +
-    double quant); see models.tensors.quant_spec.
+    source: a model name (`smollm2-135m-instruct`), a Hugging Face folder, a GGUF file, an
+    Ollama model (`ollama:llama3.2:1b`) or a folder written by `packlora quantize`. device: a
+    Device (default CPU). quant: a QuantConfig, a dict of its fields (YAML's defaults fill the
+    rest), a format name, "none", or None (NF4 + double quant); see models.tensors.quant_spec.
     """
     device = Device.parse(device) if device is not None else Device.cpu()
     path = resolve_source(source)

