@@ -34,6 +34,7 @@ _QUANT_HELP = ", ".join(f"{f} (default)" if f == "nf4" else f
                         for f in (*FORMATS, *PRESETS, "none"))
 _DEBUG_HELP = "print the full traceback of an unexpected error"
 _DEVICE_HELP = "cpu (the default), cuda or cuda:N"
+_MODEL_HELP = "model name, HF folder, GGUF file or ollama:NAME (a model pulled with Ollama)"
 _PEFT_HELP = "a run's output folder, a checkpoint, or a PEFT-format adapter folder"
 _ADAPTER_HELP = f"{_PEFT_HELP}; or a llama.cpp LoRA GGUF"
 _MAX_NEW_HELP = ("at most this many new tokens (default %(default)s); generation also stops at "
@@ -125,7 +126,7 @@ def _cmd_memory_report(a):
 
 
 def _model_args(p, adapter=True):
-    p.add_argument("--model", required=True, help="model name, HF folder or .gguf file")
+    p.add_argument("--model", required=True, help=_MODEL_HELP)
     p.add_argument("--device", default="cpu", help=_DEVICE_HELP)
     p.add_argument("--quant", default=None, help=_QUANT_HELP)
     if adapter:
@@ -191,7 +192,7 @@ def _eval_args(p):
 
 
 def _merge_args(p):
-    p.add_argument("--model", required=True, help="the base: model name, HF folder or .gguf file")
+    p.add_argument("--model", required=True, help="the base: " + _MODEL_HELP)
     p.add_argument("--adapter", required=True, help=_ADAPTER_HELP)
     p.add_argument("--out", required=True,
                    help="a new folder (HF layout), or a new .gguf file for llama.cpp / Ollama")
@@ -222,7 +223,7 @@ def _export_gguf_args(p):
 
 
 def _quantize_args(p):
-    p.add_argument("source", help="model name, HF folder or .gguf file")
+    p.add_argument("source", help=_MODEL_HELP)
     p.add_argument("out_dir", help="the folder to write (new, or empty)")
     p.add_argument("--format", default="nf4", help=f"the packed format: {_QUANT_HELP}")
     p.add_argument("--block-size", type=int, default=None,
@@ -233,7 +234,7 @@ def _quantize_args(p):
 
 
 def _inspect_args(p):
-    p.add_argument("model", help="model name, HF folder or .gguf file")
+    p.add_argument("model", help=_MODEL_HELP)
     p.add_argument("--quant", default=None, help=f"the format it would load in: {_QUANT_HELP}")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 

@@ -86,6 +86,7 @@ def test_what_ollama_cannot_give_is_one_line(store, tmp_path):
         ("ollama:safetensors", "has no GGUF model layer"),
         ("ollama:a/b/c/d", "not an Ollama model name"),
         ("ollama:tiny+Q4_0", "not an Ollama model name"),
+        ("ollama:../../tiny", "not an Ollama model name"),
         (str(tmp_path / "notes.txt"), "a model file must be a GGUF file")]:
         with pytest.raises(ModelError) as err:
             resolve_source(source)

@@ -3,12 +3,14 @@ llama3.2:1b` runs.
 
 Ollama's store (its OLLAMA_MODELS folder, ~/.ollama/models by default) keeps one manifest per
 name at manifests/<host>/<namespace>/<model>/<tag>; a name is [host/][namespace/]model[:tag],
-the defaults registry.ollama.ai, library and latest (ollama types/model/name.go). The
-manifest's layer of media type application/vnd.ollama.image.model is the GGUF, stored as
-blobs/sha256-<hex> for its digest sha256:<hex>."""
+the defaults registry.ollama.ai, library and latest, each part of letters, digits, _ . and -
+(ollama types/model/name.go). The manifest's layer of media type
+application/vnd.ollama.image.model is the GGUF, stored as blobs/sha256-<hex> for its digest
+sha256:<hex>."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ..errors import ModelError
@@ -30,11 +32,11 @@ def manifest_path(root: Path, name: str) -> Path:
     """Where Ollama keeps the manifest of `name` ([host/][namespace/]model[:tag])."""
     *scope, model = name.split("/")
     model, _, tag = model.partition(":")
-    if len(scope) > 2 or not all((*scope, model)) or any(c in name for c in "+@\\"):
+    parts = (*scope, model, tag or DEFAULT_TAG)
+    if len(scope) > 2 or ".." in name or not all(re.fullmatch(r"[\w.-]+", p) for p in parts):
         raise ModelError(f"{PREFIX}{name}: not an Ollama model name ([host/][namespace/]"
                          "model[:tag], e.g. ollama:llama3.2:1b)")
-    host, namespace = (*DEFAULTS[:2 - len(scope)], *scope)
-    return root / "manifests" / host / namespace / model / (tag or DEFAULT_TAG)
+    return root.joinpath("manifests", *DEFAULTS[:2 - len(scope)], *parts)
 
 
 def ollama_model(name: str) -> Path:
