@@ -12,6 +12,7 @@ from ..errors import ConfigError, ModelError
 from ..fileio import load_safetensors, save_safetensors, write_json, write_text
 from ..lora_targets import layer_index
 from ..models.identity import base_mismatch, identity_metadata, recorded_identity
+from ..models.resolve import is_gguf
 from ..nn import Linear, PackedLinear
 from ..quant import REGISTRY
 from ..run_layout import CONFIG, TEMPLATE, WEIGHTS, step_dirs
@@ -138,9 +139,10 @@ def check_adapter_path(adapter_dir):
     a ModelError when it is neither (cheap: callers check before a base model loads)."""
     d = Path(adapter_dir)
     if d.is_file():
-        if d.suffix.lower() == ".gguf" and is_adapter_gguf(d):
+        gguf = is_gguf(d)  # by name or first bytes: an Ollama blob has no .gguf name
+        if gguf and is_adapter_gguf(d):
             return None
-        what = "a model GGUF" if d.suffix.lower() == ".gguf" else "a file"
+        what = "a model GGUF" if gguf else "a file"
         raise ModelError(f"{d}: {what}, not an adapter ({CONFIG} + {WEIGHTS}: a run's "
                          "output_dir, a checkpoint, a PEFT adapter folder; or a llama.cpp "
                          "LoRA GGUF)")

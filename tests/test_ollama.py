@@ -4,11 +4,12 @@ layout of ollama's server and types/model/name.go) resolves to the blob, which l
 merges as the same GGUF under a .gguf name does; what cannot be used is a one-line error."""
 import hashlib
 import json
+import re
 
 import model_factory as mf
 import numpy as np
 import pytest
-from packlora import load_model, merge, without_autodiff
+from packlora import export_gguf_adapter, load_adapter, load_model, merge, without_autodiff
 from packlora.errors import ModelError
 from packlora.memory import plan as mem_plan
 from packlora.models.resolve import resolve_source
@@ -81,7 +82,8 @@ def test_what_ollama_cannot_give_is_one_line(store, tmp_path):
     for source, words in [
         ("ollama:nope:7b", f"Ollama has no such model in {root} (pull it with `ollama pull "
                            "nope:7b`"),
-        ("ollama:tuned", "Ollama applies a LoRA adapter to this model"),
+        ("ollama:tuned", "Ollama applies a LoRA adapter to this model; packlora would train "
+                         "its base without it"),
         ("ollama:gone", f"its model file {root / 'blobs' / ('sha256-' + '1' * 64)} is missing"),
         ("ollama:safetensors", "has no GGUF model layer"),
         ("ollama:a/b/c/d", "not an Ollama model name"),
@@ -91,3 +93,23 @@ def test_what_ollama_cannot_give_is_one_line(store, tmp_path):
         with pytest.raises(ModelError) as err:
             resolve_source(source)
         assert words in str(err.value) and "\n" not in str(err.value), source
+
+
+def test_the_adapter_ollama_applies_is_an_adapter_here(store, tmp_path):
+    """A model Ollama built FROM a base with ADAPTER a llama.cpp LoRA GGUF: the name is refused,
+    naming the adapter's blob, and that blob (no .gguf name) is an adapter wherever packlora
+    takes one, as the file it came from is."""
+    root, path, _ = store
+    _adapter(path, tmp_path / "ad")
+    gguf_adapter = export_gguf_adapter(tmp_path / "ad", tmp_path / "adapter.gguf", model=path)
+    layer = _layer(root, gguf_adapter.read_bytes(), "application/vnd.ollama.image.adapter")
+    _pull(root, ("registry.ollama.ai", "library", "tuned", "latest"),
+          [_layer(root, path.read_bytes(), MODEL_LAYER), layer])
+    blob = root / "blobs" / layer["digest"].replace(":", "-")
+    with pytest.raises(ModelError, match=re.escape(f"lora.start_from or --adapter: {blob}") + "$"):
+        resolve_source("ollama:tuned")
+    ids = np.array([[5, 9, 2, 7]])
+    with without_autodiff():
+        want = load_adapter(load_model(path, quant="none"), gguf_adapter)(ids).numpy()
+        got = load_adapter(load_model("ollama:tiny", quant="none"), blob)(ids).numpy()
+    np.testing.assert_array_equal(got, want)

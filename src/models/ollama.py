@@ -51,9 +51,10 @@ def ollama_model(name: str) -> Path:
         raise ModelError(f"{manifest}: an Ollama manifest lists its layers; this one has none")
     by_type = {layer.get("mediaType"): layer for layer in layers}
     if ADAPTER_LAYER in by_type:
-        raise ModelError(f"{PREFIX}{name}: Ollama applies a LoRA adapter to this model "
-                         f"({_blob(root, by_type[ADAPTER_LAYER])}); packlora would train its base "
-                         "without it: give the base model (the FROM of its Modelfile)")
+        raise ModelError(f"{PREFIX}{name}: Ollama applies a LoRA adapter to this model; "
+                         "packlora would train its base without it: give the base model (the "
+                         "FROM of its Modelfile) and this adapter as lora.start_from or "
+                         f"--adapter: {_blob(root, by_type[ADAPTER_LAYER])}")
     if MODEL_LAYER not in by_type:
         raise ModelError(f"{PREFIX}{name}: the manifest {manifest} has no GGUF model layer "
                          f"({MODEL_LAYER})")
