@@ -20,7 +20,7 @@ def read_eval_records(path, fields=None):
     fields: the records' own key names, as data.fields gives them."""
     out = []
     for where, record in read_jsonl(path):
-        record = rename_fields(record, fields or {}, where)
+        record = rename_fields(record, fields, where)
         fmt = detect_format(record, where)
         kind, *parts = normalize(record, fmt, where)
         if kind == "text":

@@ -16,7 +16,6 @@ from packlora.gguf_out.layout import BaseLayout
 from packlora.gguf_out.merge import plan_jobs
 from packlora.models import model_tensors
 from packlora.models.gguf_file import gguf_name
-from packlora.models.sources import read_header
 from packlora.quant.presets import PRESETS
 
 
@@ -61,8 +60,8 @@ def _llama_cpp_types(src, preset, out):
 
 def test_every_preset_picks_the_types_llama_cpp_picks(zeros, tmp_path):
     shape, path = zeros
-    _, cfg, _ = read_header(path)
     base = BaseLayout.open(str(path))
+    cfg = base.config
     seen = {}
     for preset in PRESETS:
         stored = _llama_cpp_types(path, preset, tmp_path / f"{preset}.gguf")

@@ -33,15 +33,16 @@ def check_fields(fields: dict) -> dict:
         if ours not in FIELDS:
             raise ValueError(f"{ours}: no format reads this key (they read "
                              f"{', '.join(FIELDS)}){suggest(ours, FIELDS)}")
-        if not isinstance(theirs, str) or not theirs:
+        if not theirs:  # (a string: the config's type and argparse see to that)
             raise ValueError(f"{ours}: expected the name of a key of the records, got "
                              f"{theirs!r}")
     return fields
 
 
 def rename_fields(record: dict, fields: dict, where: str) -> dict:
-    """`record` with its keys renamed as data.fields says ({format's key: record's key}); a
-    record missing a key the mapping names (other than alpaca's optional input) is an error."""
+    """`record` with its keys renamed as data.fields says ({format's key: record's key}; empty
+    or None: as it is); a record missing a key the mapping names (other than alpaca's optional
+    input) is an error."""
     if not fields:
         return record
     missing = [f"'{theirs}' (data.fields.{ours})" for ours, theirs in fields.items()
